@@ -1,0 +1,224 @@
+"""The clock seam: the one place in the project that knows what time it is.
+
+Session, gateway, workload and recording code only ever use a ``Clock``: ``now()``,
+``sleep()``, ``call_at()``, ``create_future()`` and ``spawn()``. Two implementations:
+
+* ``VirtualClock``: a tiny deterministic discrete-event kernel (a heap of timers and a FIFO of
+  ready callbacks) that drives ordinary ``async def`` coroutines. Time jumps from one event to
+  the next, so a 90-minute run takes as long as its events take to process. Ties are broken by
+  insertion order, so the same program gives the same event order, bit for bit.
+* ``WallClock``: the same surface over asyncio and the system's monotonic clock, optionally
+  scaled (``time_scale=X`` makes every workload time X times shorter in real time).
+
+Nothing else in the project may read the system time (Trio's Clock/MockClock, SimPy's
+Environment/RealtimeEnvironment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections import deque
+from typing import Any, Awaitable, Callable, Coroutine, Optional, Protocol
+
+
+class TimerHandle(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Clock(Protocol):
+    """What sessions, the gateway and the engine adapters may ask of time."""
+
+    def now(self) -> float: ...
+
+    def sleep(self, delay_s: float) -> Awaitable[None]: ...
+
+    def call_at(self, when_s: float, callback: Callable[..., Any], *args: Any) -> TimerHandle: ...
+
+    def create_future(self) -> Any: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> Any: ...
+
+
+class TaskFailed(RuntimeError):
+    """A coroutine run by the virtual kernel raised; the run stops with the original error."""
+
+
+class _Future:
+    """A one-shot result the virtual kernel's coroutines can await."""
+
+    __slots__ = ("_clock", "_done", "_result", "_exception", "_waiters")
+
+    def __init__(self, clock: "VirtualClock") -> None:
+        self._clock = clock
+        self._done = False
+        self._result: Any = None
+        self._exception: Optional[BaseException] = None
+        self._waiters: list = []
+
+    def done(self) -> bool:
+        return self._done
+
+    def result(self) -> Any:
+        if self._exception is not None:
+            raise self._exception
+        return self._result
+
+    def set_result(self, value: Any) -> None:
+        if self._done:
+            raise RuntimeError("future already resolved")
+        self._done = True
+        self._result = value
+        self._wake()
+
+    def set_exception(self, exc: BaseException) -> None:
+        if self._done:
+            raise RuntimeError("future already resolved")
+        self._done = True
+        self._exception = exc
+        self._wake()
+
+    def add_done_callback(self, fn: Callable[["_Future"], Any]) -> None:
+        if self._done:
+            self._clock._ready.append((fn, self))
+        else:
+            self._waiters.append(fn)
+
+    def _wake(self) -> None:
+        ready = self._clock._ready
+        for fn in self._waiters:
+            ready.append((fn, self))
+        self._waiters = []
+
+    def __await__(self):
+        if not self._done:
+            yield self
+        return self.result()
+
+
+class _Task(_Future):
+    """Runs a coroutine on the virtual kernel, one ``send`` per wake-up."""
+
+    __slots__ = ("_coro",)
+
+    def __init__(self, clock: "VirtualClock", coro: Coroutine[Any, Any, Any]) -> None:
+        super().__init__(clock)
+        self._coro = coro
+        clock._ready.append((self._step, None))
+
+    def _step(self, fut: Optional[_Future]) -> None:
+        try:
+            if fut is not None and fut._exception is not None:
+                awaited = self._coro.throw(fut._exception)
+            else:
+                awaited = self._coro.send(None if fut is None else fut._result)
+        except StopIteration as stop:
+            self.set_result(stop.value)
+            return
+        except BaseException as exc:  # surfaces in VirtualClock.run
+            self._clock._failure = exc
+            self.set_exception(exc)
+            return
+        if awaited.__class__ is _Future or isinstance(awaited, _Future):
+            awaited.add_done_callback(self._step)
+        else:
+            exc = TypeError(f"virtual-clock coroutines may only await this clock's futures, got {awaited!r}")
+            self._clock._failure = exc
+            self.set_exception(exc)
+
+
+class _Timer:
+    __slots__ = ("callback", "args", "cancelled")
+
+    def __init__(self, callback: Callable[..., Any], args: tuple) -> None:
+        self.callback = callback
+        self.args = args
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class VirtualClock:
+    """Deterministic virtual time: timers in a heap, ties in insertion order."""
+
+    is_virtual = True
+
+    def __init__(self, start_s: float = 0.0) -> None:
+        self._now = start_s
+        self._heap: list = []
+        self._seq = 0
+        self._ready: deque = deque()
+        self._failure: Optional[BaseException] = None
+
+    def now(self) -> float:
+        return self._now
+
+    def call_at(self, when_s: float, callback: Callable[..., Any], *args: Any) -> _Timer:
+        timer = _Timer(callback, args)
+        self._seq += 1
+        heapq.heappush(self._heap, (when_s if when_s > self._now else self._now, self._seq, timer))
+        return timer
+
+    def create_future(self) -> _Future:
+        return _Future(self)
+
+    def sleep(self, delay_s: float) -> _Future:
+        fut = _Future(self)
+        self.call_at(self._now + delay_s, fut.set_result, None)
+        return fut
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> _Task:
+        return _Task(self, coro)
+
+    def run(self, until_s: Optional[float] = None) -> None:
+        """Process events in time order until none are left or the next lies beyond ``until_s``."""
+        heap = self._heap
+        ready = self._ready
+        pop = heapq.heappop
+        while True:
+            while ready:
+                fn, arg = ready.popleft()
+                fn(arg)
+            if self._failure is not None:
+                failure, self._failure = self._failure, None
+                raise TaskFailed(f"a simulated task failed: {failure!r}") from failure
+            if not heap:
+                break
+            when, _, timer = heap[0]
+            if until_s is not None and when > until_s:
+                self._now = until_s
+                break
+            pop(heap)
+            if timer.cancelled:
+                continue
+            self._now = when
+            timer.callback(*timer.args)
+
+
+class WallClock:
+    """Real time through asyncio; ``time_scale`` X compresses every workload time X-fold."""
+
+    is_virtual = False
+
+    def __init__(self, time_scale: float = 1.0, loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
+        if time_scale <= 0:
+            raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        self.time_scale = time_scale
+        self._loop = loop or asyncio.get_event_loop()
+        self._t0 = self._loop.time()
+
+    def now(self) -> float:
+        return (self._loop.time() - self._t0) * self.time_scale
+
+    def sleep(self, delay_s: float) -> Awaitable[None]:
+        return asyncio.sleep(max(0.0, delay_s) / self.time_scale)
+
+    def call_at(self, when_s: float, callback: Callable[..., Any], *args: Any) -> asyncio.TimerHandle:
+        return self._loop.call_at(self._t0 + when_s / self.time_scale, callback, *args)
+
+    def create_future(self) -> asyncio.Future:
+        return self._loop.create_future()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
+        return self._loop.create_task(coro)

@@ -1,0 +1,126 @@
+"""The engine seam: what a session sends and gets back, and the simulated engine behind it.
+
+Sessions call ``await engine.generate(TurnRequest)`` and receive a ``TurnResult``; they cannot
+tell a simulated engine from an HTTP one. The simulated engine is advanced lazily: whenever
+something outside it happens (a request arrives, a sample is taken, the clock reaches its next
+completion) it runs its steps up to that moment and arms one timer for its next wake-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+from .clock import Clock
+from .sim import EngineConfig, SimEngine, SimRequest, StepCostModel
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    session_id: int
+    turn_index: int
+    prompt_tokens: int
+    max_tokens: int
+    shared_prefix_tokens: int = 0
+    prefix_key: str = "system"
+    token_ids: Optional[list[int]] = None  # only for engines that need real ids (HTTP)
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    submitted_s: float
+    first_token_s: float  # NaN when the turn failed before its first token
+    finish_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    num_preemptions: int = 0
+    error: Optional[str] = None
+    output_token_ids: Optional[list[int]] = None
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    """vLLM-like gauges and counters, sampled into samples.parquet."""
+
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    prefix_cache_queries_total: int
+    prefix_cache_hits_total: int
+    num_preemptions_total: int
+
+
+class EngineClient(Protocol):
+    pool_tokens: int
+    needs_token_ids: bool
+
+    async def generate(self, request: TurnRequest) -> TurnResult: ...
+
+    def metrics(self) -> EngineMetrics: ...
+
+    def flush(self) -> None: ...
+
+
+class SimEngineClient:
+    """The simulated engine driven by a clock (virtual or wall)."""
+
+    needs_token_ids = False
+
+    def __init__(self, clock: Clock, config: EngineConfig, cost: StepCostModel) -> None:
+        self.clock = clock
+        self.engine = SimEngine(config, cost)
+        self.pool_tokens = config.pool_tokens
+        self._timer = None
+        self._armed_at: Optional[float] = None
+        self._seq = 0
+
+    async def generate(self, request: TurnRequest) -> TurnResult:
+        engine = self.engine
+        now = self.clock.now()
+        reason = engine.validate(request.prompt_tokens, request.max_tokens)
+        if reason is not None:
+            return TurnResult(now, float("nan"), now, request.prompt_tokens, 0, 0, error=reason)
+        prefix = engine.stream(request.prefix_key, 0) if request.shared_prefix_tokens >= engine.block_size else None
+        stream = engine.stream(request.session_id, request.shared_prefix_tokens if prefix is not None else 0)
+        fut = self.clock.create_future()
+        self._seq += 1
+        req = SimRequest(self._seq, stream, request.prompt_tokens, request.max_tokens, prefix=prefix,
+                         on_done=_resolve, context=fut)
+        engine.submit(req, now)
+        self._rearm()
+        await fut
+        return TurnResult(req.arrival_s, req.first_token_s, req.finish_s, req.num_prompt_tokens,
+                          req.num_cached_tokens, req.generated, req.num_preemptions)
+
+    def metrics(self) -> EngineMetrics:
+        engine = self.engine
+        engine.advance_to(self.clock.now())
+        self._rearm()
+        return EngineMetrics(engine.num_running, engine.num_waiting, engine.kv_usage(),
+                             engine.prefix_cache_queries, engine.prefix_cache_hits, engine.num_preemptions)
+
+    def flush(self) -> None:
+        self.engine.flush(self.clock.now())
+        self._rearm()
+
+    def _rearm(self) -> None:
+        wake = self.engine.next_wakeup()
+        if wake == self._armed_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._armed_at = wake
+        if wake is not None:
+            self._timer = self.clock.call_at(wake, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._armed_at = None
+        self.engine.advance_to(self.clock.now())
+        self._rearm()
+
+
+def _resolve(req: SimRequest) -> None:
+    req.context.set_result(None)

@@ -1,0 +1,107 @@
+"""The gateway actuator: one set of queues, any limit (SPEC.md section 5).
+
+Before each turn a session asks the gateway; the gateway asks its policy and either lets the
+turn through (returns None: no await, no cost) or hands back a future the session awaits.
+
+* New sessions wait in their own FIFO until admitted.
+* An admitted session may be parked only at a turn boundary (nothing in flight is
+  interrupted); it joins the parked FIFO and is later re-admitted as a whole.
+* Whenever a turn completes or a session ends, waiting sessions are re-admitted from the heads
+  of the queues, parked before new, while the policy's admission condition holds.
+* Demand d_s = current context + output budget; in-flight requests count in full.
+* Before ``control_start_s`` the gate behaves as ``none``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any, Optional
+
+from controllers import GatewayView, NoLimit, Policy
+
+from .clock import Clock
+
+
+class Gateway:
+    def __init__(self, clock: Clock, policy: Policy, pool_tokens: int, control_start_s: float = 0.0) -> None:
+        self.clock = clock
+        self.policy = policy
+        self.pool_tokens = pool_tokens
+        self.control_start_s = control_start_s
+        self._uncontrolled = isinstance(policy, NoLimit)
+        self._off = NoLimit()
+        self.active: dict[Any, int] = {}  # session -> its demand d_s
+        self.demand_tokens = 0  # D over active sessions
+        self.parked: deque = deque()  # (session, demand, future)
+        self.waiting_new: deque = deque()
+
+    def _policy(self) -> Policy:
+        return self.policy if self.clock.now() >= self.control_start_s else self._off
+
+    def view(self) -> GatewayView:
+        return GatewayView(self.clock.now(), len(self.active), self.demand_tokens, self.pool_tokens,
+                           len(self.parked), len(self.waiting_new))
+
+    def limit(self) -> float:
+        if self._uncontrolled or self.clock.now() < self.control_start_s:
+            return math.nan
+        return self.policy.limit(self.view())
+
+    # ---------------------------------------------------------------- session events
+    def arrive(self, session: Any, demand_tokens: int) -> Optional[Any]:
+        """A new session wants its first turn. None: go; else await the returned future."""
+        if self._uncontrolled or (not self.parked and not self.waiting_new
+                                  and self._policy().admit(self.view(), demand_tokens, True)):
+            self._activate(session, demand_tokens)
+            return None
+        fut = self.clock.create_future()
+        self.waiting_new.append((session, demand_tokens, fut))
+        return fut
+
+    def before_turn(self, session: Any, demand_tokens: int) -> Optional[Any]:
+        """An active session is at a turn boundary with demand ``demand_tokens``."""
+        self.demand_tokens += demand_tokens - self.active[session]
+        self.active[session] = demand_tokens
+        if self._uncontrolled:
+            return None
+        policy = self._policy()
+        view = self.view()
+        policy.on_turn_boundary(view, demand_tokens)
+        if not policy.park(view, demand_tokens):
+            return None
+        self._deactivate(session)
+        fut = self.clock.create_future()
+        self.parked.append((session, demand_tokens, fut))
+        return fut
+
+    def turn_completed(self, session: Any, latency_s: float) -> None:
+        if self._uncontrolled:
+            return
+        self._policy().on_turn_completed(self.view(), latency_s)
+        self._readmit()
+
+    def session_ended(self, session: Any) -> None:
+        if session in self.active:
+            self._deactivate(session)
+        if not self._uncontrolled:
+            self._readmit()
+
+    # ---------------------------------------------------------------- internals
+    def _activate(self, session: Any, demand_tokens: int) -> None:
+        self.active[session] = demand_tokens
+        self.demand_tokens += demand_tokens
+
+    def _deactivate(self, session: Any) -> None:
+        self.demand_tokens -= self.active.pop(session)
+
+    def _readmit(self) -> None:
+        policy = self._policy()
+        while self.parked or self.waiting_new:
+            queue = self.parked if self.parked else self.waiting_new
+            session, demand, fut = queue[0]
+            if not policy.admit(self.view(), demand, queue is self.waiting_new):
+                return
+            queue.popleft()
+            self._activate(session, demand)
+            fut.set_result(None)

@@ -1,0 +1,153 @@
+"""Per-run results written as the run goes (docs/results-format.md).
+
+Rows are buffered in columns and written every ``flush_interval_s`` of run time as small,
+complete Parquet files under ``<run>/.parts/``; closing the run merges them into
+``turns.parquet`` and ``samples.parquet``. If the process dies mid-run, the parts on disk stay
+readable and ``recover_run`` merges them, so a crash loses at most one flush interval.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+TURN_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("arm", pa.string()), ("seed", pa.int64()),
+    ("session_id", pa.int64()), ("turn_index", pa.int32()), ("is_trigger_session", pa.bool_()),
+    ("session_kind", pa.string()), ("ready_s", pa.float64()), ("admit_s", pa.float64()),
+    ("first_token_s", pa.float64()), ("finish_s", pa.float64()), ("prompt_tokens", pa.int64()),
+    ("cached_tokens", pa.int64()), ("output_tokens", pa.int64()), ("gateway_wait_s", pa.float64()),
+    ("num_preemptions", pa.int32()), ("error", pa.string()),
+])
+
+SAMPLE_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("t_s", pa.float64()),
+    ("sessions_in_system", pa.int64()), ("sessions_thinking", pa.int64()),
+    ("sessions_gateway_waiting", pa.int64()), ("sessions_parked", pa.int64()),
+    ("sessions_in_engine", pa.int64()), ("num_running", pa.int64()), ("num_waiting", pa.int64()),
+    ("kv_usage", pa.float64()), ("resident_demand_tokens", pa.int64()), ("resident_demand_ratio", pa.float64()),
+    ("pool_tokens", pa.int64()), ("prefix_cache_queries_total", pa.int64()),
+    ("prefix_cache_hits_total", pa.int64()), ("num_preemptions_total", pa.int64()),
+    ("turns_completed_total", pa.int64()), ("sessions_arrived_total", pa.int64()),
+    ("sessions_completed_total", pa.int64()), ("gateway_limit", pa.float64()),
+])
+
+TABLES = {"turns": TURN_SCHEMA, "samples": SAMPLE_SCHEMA}
+PARTS_DIR = ".parts"
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, allow_nan=False, default=_json_default) + "\n")
+    os.replace(tmp, path)
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"cannot write {type(value).__name__} to JSON")
+
+
+class _Columns:
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.names = schema.names
+        self.cols: list[list] = [[] for _ in self.names]
+
+    def __len__(self) -> int:
+        return len(self.cols[0])
+
+    def take(self) -> pa.Table:
+        table = pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(self.cols, self.schema)],
+                                     schema=self.schema)
+        self.cols = [[] for _ in self.names]
+        return table
+
+
+class RunRecorder:
+    """Collects one run's turns and samples; writes them as the run goes."""
+
+    def __init__(self, run_dir: Path, run_id: str, arm: str, seed: int, flush_interval_s: float) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_id = run_id
+        self.arm = arm
+        self.seed = seed
+        self.flush_interval_s = flush_interval_s
+        self._next_flush_s = flush_interval_s
+        self._parts = self.run_dir / PARTS_DIR
+        self._parts.mkdir(parents=True, exist_ok=True)
+        self._num_parts = {name: 0 for name in TABLES}
+        self._turns = _Columns(TURN_SCHEMA)
+        self._samples = _Columns(SAMPLE_SCHEMA)
+        self.turns_completed = 0
+
+    def turn(self, session_id: int, turn_index: int, is_trigger: bool, kind: str, ready_s: float,
+             admit_s: float, first_token_s: float, finish_s: float, prompt_tokens: int, cached_tokens: int,
+             output_tokens: int, num_preemptions: int, error: Optional[str]) -> None:
+        values = (self.run_id, self.arm, self.seed, session_id, turn_index, is_trigger, kind, ready_s, admit_s,
+                  first_token_s, finish_s, prompt_tokens, cached_tokens, output_tokens, admit_s - ready_s,
+                  num_preemptions, error)
+        for col, value in zip(self._turns.cols, values):
+            col.append(value)
+        if error is None:
+            self.turns_completed += 1
+
+    def sample(self, row: dict) -> None:
+        row = {"run_id": self.run_id, **row}
+        for name, col in zip(self._samples.names, self._samples.cols):
+            col.append(row[name])
+
+    def maybe_flush(self, now_s: float) -> None:
+        if now_s >= self._next_flush_s:
+            self.flush()
+            self._next_flush_s = now_s + self.flush_interval_s
+
+    def flush(self) -> None:
+        for name, columns in (("turns", self._turns), ("samples", self._samples)):
+            if len(columns):
+                index = self._num_parts[name]
+                self._num_parts[name] += 1
+                path = self._parts / f"{name}-{index:05d}.parquet"
+                tmp = path.with_name(path.name + ".tmp")
+                pq.write_table(columns.take(), tmp)
+                os.replace(tmp, path)
+
+    def close(self) -> None:
+        self.flush()
+        merge_parts(self.run_dir)
+
+
+def merge_parts(run_dir: Path) -> bool:
+    """Merge ``.parts/*`` into the run's Parquet files; True if anything was merged."""
+    run_dir = Path(run_dir)
+    parts_dir = run_dir / PARTS_DIR
+    if not parts_dir.is_dir():
+        return False
+    for name, schema in TABLES.items():
+        parts = sorted(parts_dir.glob(f"{name}-*.parquet"))
+        tables = []
+        final = run_dir / f"{name}.parquet"
+        if final.exists() and parts:
+            tables.append(pq.read_table(final))
+        tables += [pq.read_table(p) for p in parts]
+        if tables or not final.exists():
+            table = pa.concat_tables(tables) if tables else schema.empty_table()
+            tmp = final.with_name(final.name + ".tmp")
+            pq.write_table(table, tmp)
+            os.replace(tmp, final)
+        for p in parts:
+            p.unlink()
+    for leftover in parts_dir.glob("*.tmp"):
+        leftover.unlink()
+    parts_dir.rmdir()
+    return True
+
+
+def nan_to_none(value: float) -> Optional[float]:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value

@@ -1,0 +1,172 @@
+"""Run one run (one arm x one seed) and whole experiments, in-process."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import yaml
+
+from controllers import make_policy
+
+from . import __version__
+from .clock import VirtualClock
+from .engines import SimEngineClient
+from .gateway import Gateway
+from .recording import RunRecorder, merge_parts, write_json_atomic
+from .session import RunEnv, run_session
+from .sim import EngineConfig
+from .spec import ExperimentSpec, FlushTrigger, SimEngineSpec
+from .workload import plan_sessions
+
+
+@dataclass(frozen=True)
+class RunKey:
+    arm: str
+    seed: int
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.arm}-s{self.seed}"
+
+
+def run_keys(spec: ExperimentSpec, seeds: Optional[Iterable[int]] = None,
+             arms: Optional[Iterable[str]] = None) -> list[RunKey]:
+    """Seeds x arms, seed-major so that both arms of a pair finish close together."""
+    seeds = list(spec.seeds if seeds is None else seeds)
+    unknown = sorted(set(seeds) - set(spec.seeds))
+    if unknown:
+        raise ValueError(f"seeds {unknown} are not in the spec's seeds {spec.seeds}")
+    arm_names = [a.name for a in spec.arms] if arms is None else list(arms)
+    for name in arm_names:
+        spec.arm(name)
+    return [RunKey(a, s) for s in seeds for a in arm_names]
+
+
+def engine_config(engine: SimEngineSpec) -> EngineConfig:
+    return EngineConfig(
+        num_blocks=engine.pool_tokens // engine.block_size, block_size=engine.block_size,
+        max_num_batched_tokens=engine.max_num_batched_tokens, max_num_seqs=engine.max_num_seqs,
+        max_model_len=engine.max_model_len, enable_prefix_caching=engine.enable_prefix_caching,
+        reserve_full_prompt=engine.reserve_full_prompt)
+
+
+def run_simulated(spec: ExperimentSpec, key: RunKey, out_dir: Path, spec_dir: Optional[Path] = None) -> dict:
+    """Simulate one run in virtual time; writes its directory and returns its run.json."""
+    arm = spec.arm(key.arm)
+    run_dir = Path(out_dir) / "runs" / key.run_id
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    ctl = spec.controller_for(arm)
+    engine_spec = spec.engine
+    info = {
+        "run_id": key.run_id, "experiment": spec.experiment, "arm": key.arm, "seed": key.seed,
+        "status": "running", "error": None, "duration_s": spec.duration_s,
+        "pool_tokens": engine_spec.pool_tokens, "engine": engine_spec.kind,
+        "controller": ctl.name, "control_start_s": ctl.start_s,
+        "triggers": [{"kind": t.kind, "start_s": t.window()[0], "end_s": t.window()[1]} for t in arm.triggers],
+        "reference_trigger_end_s": spec.reference_trigger_end_s(),
+        "loadgen_version": __version__,
+        "spec": _run_spec(spec, key),
+    }
+    write_json_atomic(run_dir / "run.json", info)
+
+    clock = VirtualClock()
+    engine = SimEngineClient(clock, engine_config(engine_spec), engine_spec.load_cost_model(spec_dir))
+    gateway = Gateway(clock, make_policy(ctl.name, **ctl.params), engine.pool_tokens, ctl.start_s)
+    recorder = RunRecorder(run_dir, key.run_id, key.arm, key.seed, spec.recording.flush_interval_s)
+    env = RunEnv(clock, engine, gateway, recorder)
+
+    for plan in plan_sessions(spec, arm, key.seed):
+        clock.call_at(plan.arrival_s, _start_session, clock, plan, env)
+    for trig in arm.triggers:
+        if isinstance(trig, FlushTrigger):
+            clock.call_at(trig.at_s, engine.flush)
+    interval = spec.recording.sample_interval_s
+    num_samples = int(math.floor(spec.duration_s / interval + 1e-9))
+    for i in range(num_samples + 1):
+        clock.call_at(i * interval, _sample, env)
+    try:
+        clock.run(until_s=spec.duration_s)
+        recorder.close()
+    except BaseException as exc:
+        recorder.flush()
+        info.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        write_json_atomic(run_dir / "run.json", info)
+        raise
+    counts = env.counts
+    info.update(status="completed", counts={
+        "sessions_arrived": counts.arrived_total, "sessions_completed": counts.completed_total,
+        "turns_completed": recorder.turns_completed,
+        "engine_steps": engine.engine.num_steps, "engine_preemptions": engine.engine.num_preemptions,
+        "flush_times_s": engine.engine.flush_times_s})
+    write_json_atomic(run_dir / "run.json", info)
+    return info
+
+
+def _run_spec(spec: ExperimentSpec, key: RunKey) -> dict:
+    data = spec.model_dump(mode="json")
+    data["seeds"] = [key.seed]
+    return data
+
+
+def _start_session(clock: VirtualClock, plan, env: RunEnv) -> None:
+    clock.spawn(run_session(plan, env))
+
+
+def _sample(env: RunEnv) -> None:
+    clock = env.clock
+    now = clock.now()
+    m = env.engine.metrics()
+    c = env.counts
+    pool = env.engine.pool_tokens
+    env.recorder.sample({
+        "t_s": now, "sessions_in_system": c.in_system, "sessions_thinking": c.thinking,
+        "sessions_gateway_waiting": c.gateway_waiting, "sessions_parked": c.parked,
+        "sessions_in_engine": c.in_engine, "num_running": m.num_running, "num_waiting": m.num_waiting,
+        "kv_usage": m.kv_usage, "resident_demand_tokens": c.demand_tokens,
+        "resident_demand_ratio": c.demand_tokens / pool, "pool_tokens": pool,
+        "prefix_cache_queries_total": m.prefix_cache_queries_total,
+        "prefix_cache_hits_total": m.prefix_cache_hits_total,
+        "num_preemptions_total": m.num_preemptions_total,
+        "turns_completed_total": env.recorder.turns_completed,
+        "sessions_arrived_total": c.arrived_total, "sessions_completed_total": c.completed_total,
+        "gateway_limit": env.gateway.limit(),
+    })
+    env.recorder.maybe_flush(now)
+
+
+def run_experiment(spec: ExperimentSpec, out_dir: Path, keys: list[RunKey], spec_dir: Optional[Path] = None,
+                   on_run_done: Optional[Callable[[RunKey, dict, float], None]] = None,
+                   on_run_start: Optional[Callable[[RunKey], None]] = None,
+                   wall_time: Optional[Callable[[], float]] = None) -> list[dict]:
+    """Run ``keys`` one after another; a failed run is recorded and the others go on."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    results = []
+    for key in keys:
+        if on_run_start:
+            on_run_start(key)
+        t0 = wall_time() if wall_time else 0.0
+        try:
+            info = run_simulated(spec, key, out_dir, spec_dir)
+        except Exception as exc:  # recorded in run.json; the experiment goes on
+            info = {"run_id": key.run_id, "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+        results.append(info)
+        if on_run_done:
+            on_run_done(key, info, (wall_time() - t0) if wall_time else 0.0)
+    return results
+
+
+def recover_runs(out_dir: Path) -> list[str]:
+    """Merge the parts of runs that died mid-way, so their rows can be read; returns run ids."""
+    recovered = []
+    for run_dir in sorted((Path(out_dir) / "runs").glob("*")):
+        if merge_parts(run_dir):
+            recovered.append(run_dir.name)
+    return recovered

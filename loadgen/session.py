@@ -1,0 +1,133 @@
+"""The closed-loop agent session: one coroutine per session, identical in virtual and wall time.
+
+Each turn sends the whole context, waits for the completion, thinks (tool time), appends the
+turn's output and the tool's output, and goes again. The gateway is asked before every turn.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from trace_shapes import SessionShape
+
+from .clock import Clock
+from .engines import EngineClient, TurnRequest
+from .gateway import Gateway
+from .recording import RunRecorder
+from .workload import SessionPlan
+
+
+@dataclass
+class SessionCounts:
+    """Sessions by state, for the sampler (SPEC.md 7: sessions in the system)."""
+
+    in_system: int = 0
+    thinking: int = 0
+    gateway_waiting: int = 0
+    parked: int = 0
+    in_engine: int = 0
+    arrived_total: int = 0
+    completed_total: int = 0
+    demand_tokens: int = 0  # D over every session in the system
+
+
+class TokenContext:
+    """The real token ids of a session's context, for engines that need them (HTTP).
+
+    Random ids: the shared prefix from a generator keyed by the prefix name (identical in every
+    session), the rest from the session's own generator; a turn's output ids are the engine's
+    when it returns them (so the next prompt reuses exactly what the engine cached)."""
+
+    VOCAB = 30000
+
+    def __init__(self, shape: SessionShape, session_seed: int) -> None:
+        prefix_rng = np.random.Generator(np.random.PCG64(abs(hash_str(shape.prefix_key))))
+        self._rng = np.random.Generator(np.random.PCG64(session_seed))
+        prefix = prefix_rng.integers(1, self.VOCAB, size=shape.shared_prefix_tokens).tolist()
+        rest = self._rng.integers(1, self.VOCAB, size=shape.initial_tokens - shape.shared_prefix_tokens).tolist()
+        self.ids: list[int] = prefix + rest
+
+    def append(self, output_ids: Optional[list[int]], num_output: int, num_tool: int) -> None:
+        if output_ids is None or len(output_ids) != num_output:
+            output_ids = self._rng.integers(1, self.VOCAB, size=num_output).tolist()
+        self.ids.extend(output_ids)
+        self.ids.extend(self._rng.integers(1, self.VOCAB, size=num_tool).tolist())
+
+
+def hash_str(text: str) -> int:
+    """A stable (unsalted) 63-bit hash of a string."""
+    h = 1469598103934665603
+    for byte in text.encode():
+        h = ((h ^ byte) * 1099511628211) & 0x7FFFFFFFFFFFFFFF
+    return h
+
+
+@dataclass
+class RunEnv:
+    clock: Clock
+    engine: EngineClient
+    gateway: Gateway
+    recorder: RunRecorder
+    counts: SessionCounts = field(default_factory=SessionCounts)
+
+
+async def run_session(plan: SessionPlan, env: RunEnv) -> None:
+    clock, engine, gateway, recorder, counts = env.clock, env.engine, env.gateway, env.recorder, env.counts
+    shape = plan.shape
+    sid = plan.session_id
+    num_turns = shape.num_turns
+    context = shape.initial_tokens
+    demand = context + shape.output_tokens[0]
+    tokens = TokenContext(shape, sid) if engine.needs_token_ids else None
+    counts.arrived_total += 1
+    counts.in_system += 1
+    counts.demand_tokens += demand
+    ready = clock.now()
+    wait = gateway.arrive(sid, demand)
+    if wait is not None:
+        counts.gateway_waiting += 1
+        await wait
+        counts.gateway_waiting -= 1
+    for k in range(num_turns):
+        if k:
+            ready = clock.now()
+            wait = gateway.before_turn(sid, demand)
+            if wait is not None:
+                counts.parked += 1
+                await wait
+                counts.parked -= 1
+        admit = clock.now()
+        output = shape.output_tokens[k]
+        counts.in_engine += 1
+        result = await engine.generate(TurnRequest(
+            sid, k, context, output, shape.shared_prefix_tokens, shape.prefix_key,
+            tokens.ids if tokens is not None else None))
+        counts.in_engine -= 1
+        recorder.turn(sid, k, plan.is_trigger, shape.kind, ready, admit, result.first_token_s, result.finish_s,
+                      result.prompt_tokens, result.cached_tokens, result.output_tokens, result.num_preemptions,
+                      result.error)
+        if result.error is not None:
+            break  # the session cannot continue without this turn's output
+        gateway.turn_completed(sid, result.finish_s - admit)
+        if k == num_turns - 1:
+            break
+        growth = shape.growth_tokens[k]
+        if tokens is not None:
+            tokens.append(result.output_token_ids, output, growth)
+        context += output + growth
+        new_demand = context + shape.output_tokens[k + 1]
+        counts.demand_tokens += new_demand - demand
+        demand = new_demand
+        think = shape.think_s[k]
+        if think > 0:
+            counts.thinking += 1
+            await clock.sleep(think)
+            counts.thinking -= 1
+    gateway.session_ended(sid)
+    counts.in_system -= 1
+    counts.demand_tokens -= demand
+    counts.completed_total += 1

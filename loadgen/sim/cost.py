@@ -1,0 +1,194 @@
+"""The step-cost model of one forward pass, and its least-squares fit to calibration numbers.
+
+    t = t0 + a * N_tok + b * sum_chunks n_i * (c_i + n_i / 2) + g * sum_decodes ctx_j
+
+N_tok: every token scheduled in the step; n_i: a prefill chunk's new tokens, c_i the context
+already in KV before it (so over a whole prompt the b term is b * L^2 / 2 however it is
+chunked); ctx_j: the context a decoding request attends over. See ENGINE-NOTES.md.
+
+The model is linear in its four constants, so any measurement that can be written as "this many
+steps, this many tokens, this much attention, this much decode context took T seconds" is a
+row of a least-squares problem. ``CALIBRATION_QWEN3_8B_MI300X`` holds SPEC.md section 6 written
+that way; ``fit_cost_model`` fits it with non-negative constants and relative residuals.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StepCostModel:
+    """Seconds per engine step as a function of what the step schedules."""
+
+    t0_s: float = 0.005
+    a_s_per_token: float = 55e-6
+    b_s_per_token2: float = 3e-9
+    g_s_per_token: float = 50e-9
+    name: str = "custom"
+
+    def step_time(self, num_tokens: int, attention_tokens2: float, decode_context_tokens: float) -> float:
+        return (
+            self.t0_s
+            + self.a_s_per_token * num_tokens
+            + self.b_s_per_token2 * attention_tokens2
+            + self.g_s_per_token * decode_context_tokens
+        )
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "StepCostModel":
+        allowed = {f for f in cls.__dataclass_fields__}
+        unknown = set(data) - allowed
+        if unknown:
+            raise ValueError(f"unknown cost-model fields {sorted(unknown)}; expected {sorted(allowed)}")
+        return cls(**data)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "StepCostModel":
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"cost model file {path}: cannot read JSON ({exc})") from exc
+        return cls.from_json(data)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One calibration number as features of the linear model and the seconds it took."""
+
+    label: str
+    seconds: float
+    num_steps: float
+    num_tokens: float
+    attention_tokens2: float
+    decode_context_tokens: float
+    source: str = ""
+
+    def features(self) -> list[float]:
+        return [self.num_steps, self.num_tokens, self.attention_tokens2, self.decode_context_tokens]
+
+
+def prefill(label: str, seconds: float, new_tokens: int, cached_tokens: int = 0,
+            chunk_tokens: int = 8192, source: str = "") -> Measurement:
+    """A prefill of ``new_tokens`` on top of ``cached_tokens``, chunked by the step budget."""
+    steps = max(1, math.ceil(new_tokens / chunk_tokens))
+    attention = new_tokens * (cached_tokens + new_tokens / 2)
+    return Measurement(label, seconds, steps, new_tokens, attention, 0.0, source)
+
+
+def decode_step(label: str, seconds: float, batch: int, context_tokens: int, source: str = "") -> Measurement:
+    """One decode step of ``batch`` requests, each attending over ``context_tokens``."""
+    return Measurement(label, seconds, 1, batch, 0.0, batch * context_tokens, source)
+
+
+def marginal_cold_turn(label: str, seconds: float, context_tokens: int, output_tokens: int,
+                       source: str = "") -> Measurement:
+    """Engine-seconds one more cold turn adds inside a busy batch: its prefill plus its decode
+    tokens, with the per-step overhead t0 shared by the batch (so not charged to the turn)."""
+    L, o = context_tokens, output_tokens
+    return Measurement(label, seconds, 0, L + o, L * L / 2, o * L + o * o / 2, source)
+
+
+S6 = "SPEC.md section 6 (Qwen3-8B on one MI300X)"
+CALIBRATION_QWEN3_8B_MI300X: tuple[Measurement, ...] = (
+    prefill("cold prefill 20K at 13K tok/s", 20_000 / 13_000, 20_000, source=S6),
+    prefill("cold prefill 36K at 10K tok/s", 36_000 / 10_000, 36_000, source=S6),
+    prefill("miss turn at 21.6K: ~2 s prefill", 2.0, 21_600, source=S6),
+    prefill("hit turn at 21.6K: ~0.15 s prefill (1.3K new)", 0.15, 1_300, 20_300, source=S6),
+    prefill("incremental prefill 16K new tok/s (4K task on cached 2K prompt)", 4_000 / 16_000, 4_000, 2_000, source=S6),
+    prefill("incremental prefill 5K new tok/s (1.3K new on 36K)", 1_300 / 5_000, 1_300, 35_000, source=S6),
+    decode_step("decode 190 tok/s/request (batch 1, 6K context)", 1 / 190, 1, 6_000, source=S6),
+    decode_step("decode 20 tok/s/request (batch 32, 25K context)", 1 / 20, 32, 25_000, source=S6),
+    marginal_cold_turn("cold turn c(10K) = -0.06 + 0.146 ms x L", -0.06 + 0.146e-3 * 10_000, 10_000, 300, source=S6),
+    marginal_cold_turn("cold turn c(20K) = -0.06 + 0.146 ms x L", -0.06 + 0.146e-3 * 20_000, 20_000, 300, source=S6),
+    marginal_cold_turn("cold turn c(30K) = -0.06 + 0.146 ms x L", -0.06 + 0.146e-3 * 30_000, 30_000, 300, source=S6),
+)
+
+
+@dataclass
+class FitResult:
+    model: StepCostModel
+    rows: list[dict] = field(default_factory=list)
+
+    @property
+    def max_abs_relative_residual(self) -> float:
+        return max(abs(r["relative_residual"]) for r in self.rows)
+
+    def table(self) -> str:
+        lines = [f"{'measurement':62s} {'measured s':>10s} {'model s':>9s} {'resid':>7s}"]
+        for r in self.rows:
+            lines.append(f"{r['label'][:62]:62s} {r['measured_s']:10.4f} {r['model_s']:9.4f} "
+                         f"{100 * r['relative_residual']:6.1f}%")
+        m = self.model
+        lines.append(f"t0={m.t0_s * 1e3:.3f} ms  a={m.a_s_per_token * 1e6:.2f} us/token  "
+                     f"b={m.b_s_per_token2 * 1e9:.3f} ns/token^2  g={m.g_s_per_token * 1e9:.2f} ns/token")
+        return "\n".join(lines)
+
+
+def _nnls_small(A: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Exact non-negative least squares for a handful of unknowns: best over active sets."""
+    n = A.shape[1]
+    best, best_err = np.zeros(n), float(np.sum(y * y))
+    for k in range(1, n + 1):
+        for cols in itertools.combinations(range(n), k):
+            sol, *_ = np.linalg.lstsq(A[:, cols], y, rcond=None)
+            if np.any(sol < 0):
+                continue
+            x = np.zeros(n)
+            x[list(cols)] = sol
+            err = float(np.sum((A @ x - y) ** 2))
+            if err < best_err - 1e-18:
+                best, best_err = x, err
+    return best
+
+
+def fit_cost_model(measurements: Sequence[Measurement], name: str = "fitted") -> FitResult:
+    """Least squares on relative error (each row divided by its measured time), constants >= 0."""
+    if len(measurements) < 4:
+        raise ValueError(f"need at least 4 measurements to fit 4 constants, got {len(measurements)}")
+    X = np.array([m.features() for m in measurements], dtype=float)
+    y = np.array([m.seconds for m in measurements], dtype=float)
+    if np.any(y <= 0):
+        raise ValueError("every measurement must take a positive time")
+    scale = X.max(axis=0)
+    scale[scale == 0] = 1.0
+    A = (X / scale) / y[:, None]
+    coef = _nnls_small(A, np.ones_like(y)) / scale
+    model = StepCostModel(float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]), name=name)
+    pred = X @ coef
+    rows = [
+        {"label": m.label, "measured_s": m.seconds, "model_s": float(p),
+         "relative_residual": float((p - m.seconds) / m.seconds), "source": m.source}
+        for m, p in zip(measurements, pred)
+    ]
+    return FitResult(model, rows)
+
+
+# The preset is the fit above, frozen so that results do not move when numpy's least squares
+# changes in the last bits; tests/sim/test_cost.py refits and checks these digits.
+QWEN3_8B_MI300X = StepCostModel(
+    t0_s=0.0047581690710813114,
+    a_s_per_token=5.581950821694808e-05,
+    b_s_per_token2=3.2058731149544043e-09,
+    g_s_per_token=6.059118819781442e-08,
+    name="qwen3-8b-mi300x",
+)
+
+PRESETS: dict[str, StepCostModel] = {"qwen3-8b-mi300x": QWEN3_8B_MI300X}
+
+
+def get_preset(name: str) -> StepCostModel:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown cost-model preset {name!r}; valid presets: {sorted(PRESETS)}") from None

@@ -1,0 +1,308 @@
+"""Typed, validated experiment specs. The CLI is a thin layer over these models.
+
+Times are seconds (``*_s``); every ``*_s`` field also accepts ``*_min`` (minutes) in YAML, as
+SPEC.md writes them ("5 min at minute 15"). Unknown fields are errors.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from controllers import POLICIES
+
+from .sim.cost import PRESETS, StepCostModel
+
+
+class SpecError(ValueError):
+    """A spec that cannot run; the message names the file, field and what was expected."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _minutes_to_seconds(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for key in list(data):
+            if isinstance(key, str) and key.endswith("_min"):
+                target = key[:-4] + "_s"
+                if target in cls.model_fields:
+                    if target in data:
+                        raise ValueError(f"give either {key} or {target}, not both")
+                    value = out.pop(key)
+                    out[target] = value * 60 if isinstance(value, (int, float)) else value
+        return out
+
+
+# ---------------------------------------------------------------- engine
+class SimEngineSpec(_Model):
+    kind: Literal["sim"] = "sim"
+    pool_tokens: int = Field(400_000, gt=0, description="KV pool C in tokens (num_gpu_blocks x block_size).")
+    block_size: int = Field(16, gt=0, description="Tokens per KV block (16 on GPUs, 128 on CPU vLLM).")
+    max_num_batched_tokens: int = Field(8192, gt=0, description="Token budget of one engine step.")
+    max_num_seqs: int = Field(1024, gt=0, description="Most requests running at once.")
+    max_model_len: int = Field(40960, gt=0, description="Longest prompt + output a request may have.")
+    enable_prefix_caching: bool = Field(True, description="Automatic prefix caching on/off (off is the control).")
+    reserve_full_prompt: bool = Field(
+        True, description="Admit a waiting request only if its whole prompt fits (vLLM 0.33); "
+                          "false: hit + first chunk (vLLM 0.11).")
+    cost_model: Union[str, dict] = Field(
+        "qwen3-8b-mi300x",
+        description="Step-cost model: a preset name, a path to a cost.json, or the constants inline.")
+
+    @field_validator("cost_model")
+    @classmethod
+    def _check_cost(cls, value: Union[str, dict]) -> Union[str, dict]:
+        if isinstance(value, dict):
+            StepCostModel.from_json(value)
+        elif value not in PRESETS and not value.endswith(".json"):
+            raise ValueError(f"unknown cost-model preset {value!r}; valid presets: {sorted(PRESETS)} "
+                             "(or a path to a cost.json)")
+        return value
+
+    @model_validator(mode="after")
+    def _check_pool(self) -> "SimEngineSpec":
+        if self.pool_tokens % self.block_size:
+            raise ValueError(f"pool_tokens ({self.pool_tokens}) must be a multiple of block_size ({self.block_size})")
+        return self
+
+    def load_cost_model(self, base_dir: Optional[Path] = None) -> StepCostModel:
+        if isinstance(self.cost_model, dict):
+            return StepCostModel.from_json(self.cost_model)
+        if self.cost_model in PRESETS:
+            return PRESETS[self.cost_model]
+        path = Path(self.cost_model)
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        return StepCostModel.from_file(path)
+
+
+EngineSpec = Annotated[Union[SimEngineSpec], Field(discriminator="kind")]
+
+
+# ---------------------------------------------------------------- sessions
+class SyntheticSessionSpec(_Model):
+    kind: Literal["synthetic"] = "synthetic"
+    system_prompt_tokens: int = Field(2000, ge=0, description="Shared system prompt, identical in every session.")
+    task_tokens: int = Field(4000, ge=1, description="Task text unique to the session.")
+    num_turns: int = Field(25, ge=1, description="Turns per session.")
+    output_tokens: int = Field(300, ge=1, description="Output tokens per turn (EOS ignored).")
+    tool_tokens: int = Field(1000, ge=0, description="Tool-output tokens appended after each turn.")
+    think_time_mean_s: float = Field(5.0, ge=0, description="Mean of the exponential think/tool time.")
+    label: str = Field("synthetic", description="Session kind recorded per turn.")
+
+    def max_context_tokens(self) -> int:
+        n = self.num_turns
+        return (self.system_prompt_tokens + self.task_tokens
+                + n * self.output_tokens + (n - 1) * self.tool_tokens)
+
+
+SessionSpec = Annotated[Union[SyntheticSessionSpec], Field(discriminator="kind")]
+
+
+class WorkloadSpec(_Model):
+    arrival_rate_per_s: float = Field(..., gt=0, description="Base Poisson session arrival rate lambda (/s).")
+    sessions: SessionSpec = Field(default_factory=SyntheticSessionSpec, description="Shape of base sessions.")
+
+
+# ---------------------------------------------------------------- triggers
+class BurstTrigger(_Model):
+    kind: Literal["burst"] = "burst"
+    extra_rate_factor: float = Field(..., gt=0, description="b: the extra stream's rate is b x lambda.")
+    start_s: float = Field(..., ge=0, description="When the extra stream starts.")
+    duration_s: float = Field(..., gt=0, description="How long it lasts.")
+    seed_offset: int = Field(0, description="Changes the extra stream's seed without touching the base stream.")
+
+    def window(self) -> tuple[float, float]:
+        return self.start_s, self.start_s + self.duration_s
+
+
+class ExtraSessionsTrigger(_Model):
+    kind: Literal["extra_sessions"] = "extra_sessions"
+    num_sessions: int = Field(..., gt=0, description="Extra sessions, evenly spread over the duration.")
+    start_s: float = Field(..., ge=0)
+    duration_s: float = Field(..., gt=0)
+    seed_offset: int = 0
+
+    def window(self) -> tuple[float, float]:
+        return self.start_s, self.start_s + self.duration_s
+
+
+class FlushTrigger(_Model):
+    kind: Literal["flush"] = "flush"
+    at_s: float = Field(..., ge=0, description="Reset the prefix cache, preempting running requests.")
+
+    def window(self) -> tuple[float, float]:
+        return self.at_s, self.at_s
+
+
+class RateChangeTrigger(_Model):
+    kind: Literal["rate_change"] = "rate_change"
+    at_s: float = Field(..., ge=0)
+    arrival_rate_per_s: float = Field(..., ge=0, description="The new base rate from at_s on.")
+
+    def window(self) -> tuple[float, float]:
+        return self.at_s, self.at_s
+
+
+class MixShiftTrigger(_Model):
+    kind: Literal["mix_shift"] = "mix_shift"
+    at_s: float = Field(..., ge=0, description="Base sessions arriving from here on take the new shape.")
+    sessions: SessionSpec = Field(..., description="The shape after the shift.")
+
+    def window(self) -> tuple[float, float]:
+        return self.at_s, self.at_s
+
+
+Trigger = Annotated[
+    Union[BurstTrigger, ExtraSessionsTrigger, FlushTrigger, RateChangeTrigger, MixShiftTrigger],
+    Field(discriminator="kind"),
+]
+
+
+# ---------------------------------------------------------------- controllers, arms
+class ControllerSpec(_Model):
+    name: str = Field("none", description="Gateway limit: " + ", ".join(sorted(POLICIES)))
+    params: dict[str, Any] = Field(default_factory=dict, description="Constants of the limit (SPEC defaults).")
+    start_s: float = Field(0.0, ge=0, description="Control is switched on here; before it the gate is 'none'.")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in POLICIES:
+            raise ValueError(f"unknown controller {value!r}; valid controllers: {sorted(POLICIES)}")
+        return value
+
+
+class ArmSpec(_Model):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Arm name, used in run ids.")
+    triggers: list[Trigger] = Field(default_factory=list)
+    controller: Optional[ControllerSpec] = Field(None, description="Overrides the experiment's controller.")
+
+
+class RecordingSpec(_Model):
+    sample_interval_s: float = Field(10.0, gt=0, description="Run time between samples.")
+    flush_interval_s: float = Field(600.0, gt=0, description="Run time between writes of buffered rows to disk.")
+
+
+def parse_seeds(value: Union[str, int, list]) -> list[int]:
+    """``[501, 502]``, ``501`` or ``"501-512"`` / ``"1,3,5-7"``."""
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [int(v) for v in value]
+    seeds: list[int] = []
+    for part in str(value).split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)\s*-\s*(\d+)", part)
+        if m:
+            lo, hi = int(m.group(1)), int(m.group(2))
+            if hi < lo:
+                raise ValueError(f"seed range {part!r} runs backwards")
+            seeds.extend(range(lo, hi + 1))
+        elif re.fullmatch(r"\d+", part):
+            seeds.append(int(part))
+        else:
+            raise ValueError(f"cannot read seeds {value!r}: expected e.g. 501-512 or 1,2,3")
+    return seeds
+
+
+class ExperimentSpec(_Model):
+    experiment: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Experiment name.")
+    description: str = ""
+    duration_s: float = Field(..., gt=0, description="Run length.")
+    seeds: list[int] = Field(..., min_length=1, description="Each seed fixes one base arrival stream.")
+    engine: EngineSpec = Field(default_factory=SimEngineSpec)
+    workload: WorkloadSpec
+    controller: ControllerSpec = Field(default_factory=ControllerSpec)
+    arms: list[ArmSpec] = Field(..., min_length=1, description="Arms share base arrivals; differ in triggers/controller.")
+    recording: RecordingSpec = Field(default_factory=RecordingSpec)
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _seeds(cls, value: Any) -> list[int]:
+        return parse_seeds(value)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ExperimentSpec":
+        names = [a.name for a in self.arms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"arm names must be unique, got {names}")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("seeds must be unique")
+        for i, arm in enumerate(self.arms):
+            for j, trig in enumerate(arm.triggers):
+                start, end = trig.window()
+                if end > self.duration_s:
+                    raise ValueError(f"arms[{i}].triggers[{j}] ({trig.kind}) ends at {end:g} s, after the run "
+                                     f"ends at duration_s={self.duration_s:g} s")
+            ctl = self.controller_for(arm)
+            if ctl.start_s > self.duration_s:
+                raise ValueError(f"arms[{i}].controller.start_s={ctl.start_s:g} is after the run ends")
+        if isinstance(self.engine, SimEngineSpec):
+            shapes = [self.workload.sessions] + [t.sessions for a in self.arms for t in a.triggers
+                                                 if isinstance(t, MixShiftTrigger)]
+            for shape in shapes:
+                need = shape.max_context_tokens()
+                if need > self.engine.max_model_len:
+                    raise ValueError(f"sessions reach {need} tokens of context, more than "
+                                     f"engine.max_model_len={self.engine.max_model_len}")
+                if need > self.engine.pool_tokens - self.engine.block_size:
+                    raise ValueError(f"engine.pool_tokens={self.engine.pool_tokens} is smaller than one "
+                                     f"session's context ({need} tokens)")
+        return self
+
+    def controller_for(self, arm: ArmSpec) -> ControllerSpec:
+        return arm.controller or self.controller
+
+    def arm(self, name: str) -> ArmSpec:
+        for arm in self.arms:
+            if arm.name == name:
+                return arm
+        raise KeyError(f"no arm {name!r}; arms: {[a.name for a in self.arms]}")
+
+    def reference_trigger_end_s(self) -> Optional[float]:
+        """The latest trigger end over all arms: windows of every arm align to it."""
+        ends = [t.window()[1] for a in self.arms for t in a.triggers]
+        return max(ends) if ends else None
+
+
+def _format_errors(exc: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid spec"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_spec(data: Any, source: str = "<spec>") -> ExperimentSpec:
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return ExperimentSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_format_errors(exc, source)) from None
+
+
+def load_spec(path: Union[str, Path]) -> ExperimentSpec:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read spec ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML ({exc})") from None
+    return parse_spec(data, str(path))
