@@ -1,0 +1,640 @@
+"""Outcome analysis of recorded runs: windows, per-run outcomes, paired comparisons, summary.json.
+
+Everything here is a pure function of the files a run wrote (docs/results-format.md) and of the
+definitions in SPEC.md section 7. Nothing reads the system clock and nothing plots; figures live
+in ``loadgen.report``.
+
+Window convention: a turn belongs to the window in which it *finishes*; windows are half-open
+``[start, start + width)`` except that the last window of a series also takes turns finishing
+exactly at its end (a turn finishing at the run's end belongs to the run). Only successful turns
+(``error`` null) count.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = [
+    "TURNS_SCHEMA",
+    "SAMPLES_SCHEMA",
+    "RunData",
+    "WindowSeries",
+    "load_run",
+    "window_series",
+    "hit_ratio_between",
+    "persistently_degraded",
+    "run_outcome",
+    "sign_test_p",
+    "paired_comparisons",
+    "summarize",
+    "write_summary",
+    "outcome_table",
+    "format_outcome_table",
+]
+
+TURNS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("arm", pa.string()),
+        ("seed", pa.int64()),
+        ("session_id", pa.int64()),
+        ("turn_index", pa.int32()),
+        ("is_trigger_session", pa.bool_()),
+        ("session_kind", pa.string()),
+        ("ready_s", pa.float64()),
+        ("admit_s", pa.float64()),
+        ("first_token_s", pa.float64()),
+        ("finish_s", pa.float64()),
+        ("prompt_tokens", pa.int64()),
+        ("cached_tokens", pa.int64()),
+        ("output_tokens", pa.int64()),
+        ("gateway_wait_s", pa.float64()),
+        ("num_preemptions", pa.int32()),
+        ("error", pa.string()),
+    ]
+)
+
+SAMPLES_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("t_s", pa.float64()),
+        ("sessions_in_system", pa.int64()),
+        ("sessions_thinking", pa.int64()),
+        ("sessions_gateway_waiting", pa.int64()),
+        ("sessions_parked", pa.int64()),
+        ("sessions_in_engine", pa.int64()),
+        ("num_running", pa.int64()),
+        ("num_waiting", pa.int64()),
+        ("kv_usage", pa.float64()),
+        ("resident_demand_tokens", pa.int64()),
+        ("resident_demand_ratio", pa.float64()),
+        ("pool_tokens", pa.int64()),
+        ("prefix_cache_queries_total", pa.int64()),
+        ("prefix_cache_hits_total", pa.int64()),
+        ("num_preemptions_total", pa.int64()),
+        ("turns_completed_total", pa.int64()),
+        ("sessions_arrived_total", pa.int64()),
+        ("sessions_completed_total", pa.int64()),
+        ("gateway_limit", pa.float64()),
+    ]
+)
+
+# The columns this module actually reads; a file lacking one of them is malformed for us.
+_TURNS_REQUIRED = ("finish_s", "prompt_tokens", "cached_tokens", "error")
+_SAMPLES_REQUIRED = ("t_s", "sessions_in_system")
+_RUN_JSON_REQUIRED = ("run_id", "arm", "seed", "duration_s")
+
+LAST_HIT_WINDOW_S = 600.0
+LAST_SESSIONS_WINDOW_S = 300.0
+DEGRADED_HIT_RATIO = 0.5
+DEGRADED_WINDOW_S = 300.0
+
+# Tolerance for "a window ends by the run's end" so float rounding never drops a full window.
+_EPS_S = 1e-9
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+
+
+@dataclass
+class RunData:
+    """One run as recorded: run.json as a dict and the two Parquet tables."""
+
+    run_dir: Path
+    run_json: dict
+    turns: pa.Table
+    samples: pa.Table
+
+
+def _read_run_json(path: Path) -> dict:
+    """Parse run.json, raising ValueError naming the file when absent or malformed."""
+    if not path.is_file():
+        raise ValueError(f"{path}: missing run.json")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: malformed run.json: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: malformed run.json: expected a JSON object")
+    missing = [key for key in _RUN_JSON_REQUIRED if key not in data]
+    if missing:
+        raise ValueError(f"{path}: malformed run.json: missing keys {missing}")
+    return data
+
+
+def _read_table(path: Path, schema: pa.Schema, required: Sequence[str]) -> pa.Table:
+    """Read one Parquet file, raising ValueError naming the file when absent or malformed."""
+    if not path.is_file():
+        raise ValueError(f"{path}: missing {path.name}")
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise ValueError(f"{path}: malformed {path.name}: {exc}") from exc
+    missing = [name for name in required if name not in table.column_names]
+    if missing:
+        if table.num_rows == 0:
+            # A writer that closed before its first row may not have written our schema;
+            # an empty table with the documented columns means the same thing.
+            return schema.empty_table()
+        raise ValueError(f"{path}: malformed {path.name}: missing columns {missing}")
+    return table
+
+
+def load_run(run_dir: str | os.PathLike) -> RunData:
+    """Load run.json, turns.parquet and samples.parquet of one run directory."""
+    run_path = Path(run_dir)
+    run_json = _read_run_json(run_path / "run.json")
+    turns = _read_table(run_path / "turns.parquet", TURNS_SCHEMA, _TURNS_REQUIRED)
+    samples = _read_table(run_path / "samples.parquet", SAMPLES_SCHEMA, _SAMPLES_REQUIRED)
+    return RunData(run_dir=run_path, run_json=run_json, turns=turns, samples=samples)
+
+
+# --------------------------------------------------------------------------------------------
+# Column helpers
+
+
+def _float_column(table: pa.Table, name: str) -> np.ndarray:
+    """A column as float64 with nulls as NaN."""
+    column = table.column(name).cast(pa.float64())
+    return np.asarray(column.to_numpy(), dtype=np.float64)
+
+
+def _success_mask(turns: pa.Table) -> np.ndarray:
+    """True for turns that succeeded (error null; an empty string is tolerated as success)."""
+    errors = turns.column("error").to_pylist()
+    finish_s = _float_column(turns, "finish_s")
+    ok = np.fromiter((err is None or err == "" for err in errors), dtype=bool, count=len(errors))
+    return ok & np.isfinite(finish_s)
+
+
+@dataclass
+class _SuccessfulTurns:
+    """The columns of successful turns that window statistics need."""
+
+    finish_s: np.ndarray
+    prompt_tokens: np.ndarray
+    cached_tokens: np.ndarray
+
+
+def _successful_turns(turns: pa.Table) -> _SuccessfulTurns:
+    mask = _success_mask(turns)
+    return _SuccessfulTurns(
+        finish_s=_float_column(turns, "finish_s")[mask],
+        prompt_tokens=np.nan_to_num(_float_column(turns, "prompt_tokens")[mask]),
+        cached_tokens=np.nan_to_num(_float_column(turns, "cached_tokens")[mask]),
+    )
+
+
+def _json_float(value: float) -> Optional[float]:
+    """A plain float, or None when undefined (NaN / inf), so json.dumps stays strict."""
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+# --------------------------------------------------------------------------------------------
+# Windows
+
+
+@dataclass
+class WindowSeries:
+    """Per-window statistics of successful turns; index i is the window at window_starts_s[i]."""
+
+    window_starts_s: np.ndarray
+    window_widths_s: np.ndarray  # width_s except possibly a shorter last window
+    hit_ratio: np.ndarray  # sum cached / sum prompt, NaN when no turns (or no prompt tokens)
+    turns_per_s: np.ndarray
+    recomputed_prompt_tokens_per_s: np.ndarray  # sum (prompt - cached) / width
+    num_turns: np.ndarray  # int64
+
+
+def _num_windows(start_s: float, end_s: float, width_s: float) -> int:
+    if end_s <= start_s:
+        return 0
+    return int(math.ceil((end_s - start_s) / width_s - _EPS_S))
+
+
+def window_series(turns: pa.Table, start_s: float, end_s: float, width_s: float) -> WindowSeries:
+    """Token-weighted hit ratio, turns/s, recomputed prompt tokens/s and turn counts per window.
+
+    Windows tile [start_s, end_s) with width width_s; the last one is shorter when the span is
+    not a multiple of width_s, and its rates use its own width.
+    """
+    if width_s <= 0:
+        raise ValueError(f"width_s must be positive, got {width_s}")
+    num_windows = _num_windows(start_s, end_s, width_s)
+    window_starts_s = start_s + width_s * np.arange(num_windows, dtype=np.float64)
+    window_widths_s = np.minimum(width_s, end_s - window_starts_s)
+
+    ok = _successful_turns(turns)
+    in_span = (ok.finish_s >= start_s) & (ok.finish_s <= end_s) & (num_windows > 0)
+    index = np.floor((ok.finish_s[in_span] - start_s) / width_s).astype(np.int64)
+    # A turn finishing exactly at end_s belongs to the last window, not to one past it.
+    index = np.minimum(index, max(num_windows - 1, 0))
+
+    num_turns = np.bincount(index, minlength=num_windows).astype(np.int64)
+    prompt_sum = np.bincount(index, weights=ok.prompt_tokens[in_span], minlength=num_windows)
+    cached_sum = np.bincount(index, weights=ok.cached_tokens[in_span], minlength=num_windows)
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        hit_ratio = np.where(prompt_sum > 0, cached_sum / prompt_sum, np.nan)
+    return WindowSeries(
+        window_starts_s=window_starts_s,
+        window_widths_s=window_widths_s,
+        hit_ratio=hit_ratio.astype(np.float64),
+        turns_per_s=num_turns / window_widths_s if num_windows else np.zeros(0),
+        recomputed_prompt_tokens_per_s=(
+            (prompt_sum - cached_sum) / window_widths_s if num_windows else np.zeros(0)
+        ),
+        num_turns=num_turns,
+    )
+
+
+def hit_ratio_between(turns: pa.Table, start_s: float, end_s: float) -> float:
+    """Token-weighted hit ratio of successful turns finishing in [start_s, end_s]; NaN if none."""
+    ok = _successful_turns(turns)
+    in_span = (ok.finish_s >= start_s) & (ok.finish_s <= end_s)
+    prompt_tokens = float(ok.prompt_tokens[in_span].sum())
+    if prompt_tokens <= 0:
+        return math.nan
+    return float(ok.cached_tokens[in_span].sum()) / prompt_tokens
+
+
+def _num_turns_between(turns: pa.Table, start_s: float, end_s: float) -> int:
+    ok = _successful_turns(turns)
+    return int(np.count_nonzero((ok.finish_s >= start_s) & (ok.finish_s <= end_s)))
+
+
+# --------------------------------------------------------------------------------------------
+# Per-run outcome
+
+
+def persistently_degraded(
+    turns: pa.Table,
+    reference_trigger_end_s: Optional[float],
+    duration_s: float,
+    threshold: float = DEGRADED_HIT_RATIO,
+    window_s: float = DEGRADED_WINDOW_S,
+) -> bool:
+    """Whether the run stays degraded from its first degraded window after the trigger to its end.
+
+    Windows are [te + window_s*k, te + window_s*(k+1)) for those ending by duration_s, with te
+    = reference_trigger_end_s (0 when the experiment has no trigger). A window is degraded when
+    its hit ratio is below threshold or it has no finished turns. No full window: False.
+    """
+    trigger_end_s = 0.0 if reference_trigger_end_s is None else float(reference_trigger_end_s)
+    if duration_s <= trigger_end_s:
+        return False
+    num_full_windows = int(math.floor((duration_s - trigger_end_s) / window_s + _EPS_S))
+    if num_full_windows == 0:
+        return False
+    series = window_series(
+        turns, trigger_end_s, trigger_end_s + num_full_windows * window_s, window_s
+    )
+    # NaN (an empty window) compares False to >= threshold, so it counts as degraded.
+    degraded = ~(series.hit_ratio >= threshold)
+    if not degraded.any():
+        return False
+    first_degraded = int(np.argmax(degraded))
+    return bool(degraded[first_degraded:].all())
+
+
+def _mean_sessions_between(samples: pa.Table, start_s: float, end_s: float) -> float:
+    t_s = _float_column(samples, "t_s")
+    sessions = _float_column(samples, "sessions_in_system")
+    in_span = (t_s >= start_s) & (t_s <= end_s) & np.isfinite(sessions)
+    if not in_span.any():
+        return math.nan
+    return float(sessions[in_span].mean())
+
+
+def _last_sample_int(samples: pa.Table, name: str) -> Optional[int]:
+    if samples.num_rows == 0 or name not in samples.column_names:
+        return None
+    t_s = _float_column(samples, "t_s")
+    values = _float_column(samples, name)
+    finite = np.isfinite(values) & np.isfinite(t_s)
+    if not finite.any():
+        return None
+    return int(values[finite][np.argmax(t_s[finite])])
+
+
+def _count(run: RunData, key: str, sample_column: str) -> Optional[int]:
+    """A run-level count: run.json counts, else the last sample's cumulative total."""
+    counts = run.run_json.get("counts") or {}
+    if isinstance(counts, Mapping) and counts.get(key) is not None:
+        return int(counts[key])
+    return _last_sample_int(run.samples, sample_column)
+
+
+def run_outcome(run: RunData) -> dict:
+    """The per-run fields of a summary.json `runs` entry (None where a value is undefined)."""
+    info = run.run_json
+    duration_s = float(info["duration_s"])
+    last_hit_start_s = max(0.0, duration_s - LAST_HIT_WINDOW_S)
+    last_hit_width_s = duration_s - last_hit_start_s
+
+    turns_completed = _count(run, "turns_completed", "turns_completed_total")
+    if turns_completed is None:
+        turns_completed = int(_success_mask(run.turns).sum())
+    num_last_turns = _num_turns_between(run.turns, last_hit_start_s, duration_s)
+
+    return {
+        "run_id": str(info["run_id"]),
+        "experiment": info.get("experiment"),
+        "arm": str(info["arm"]),
+        "seed": int(info["seed"]),
+        "duration_s": duration_s,
+        "hit_ratio_last10min": _json_float(
+            hit_ratio_between(run.turns, last_hit_start_s, duration_s)
+        ),
+        "sessions_in_system_last5min": _json_float(
+            _mean_sessions_between(
+                run.samples, duration_s - LAST_SESSIONS_WINDOW_S, duration_s
+            )
+        ),
+        "persistently_degraded": persistently_degraded(
+            run.turns, info.get("reference_trigger_end_s"), duration_s
+        ),
+        "turns_completed": turns_completed,
+        "sessions_completed": _count(run, "sessions_completed", "sessions_completed_total"),
+        "turns_per_s_last10min": (
+            _json_float(num_last_turns / last_hit_width_s) if last_hit_width_s > 0 else None
+        ),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Paired comparisons
+
+
+def sign_test_p(k: int, n: int) -> float:
+    """Exact two-sided binomial sign test: min(1, 2 * sum_{i <= min(k, n-k)} C(n, i) / 2^n)."""
+    if n < 0 or k < 0 or k > n:
+        raise ValueError(f"sign test needs 0 <= k <= n, got k={k}, n={n}")
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(k, n - k) + 1))
+    # Integer arithmetic up to the one final division keeps the p-value exact for large n.
+    return min(1.0, 2 * tail / 2**n)
+
+
+def _runs_by_arm_and_seed(run_outcomes: Iterable[Mapping[str, Any]]) -> dict[str, dict[int, dict]]:
+    by_arm: dict[str, dict[int, dict]] = {}
+    for outcome in run_outcomes:
+        arm, seed = str(outcome["arm"]), int(outcome["seed"])
+        seeds = by_arm.setdefault(arm, {})
+        if seed in seeds:
+            raise ValueError(
+                f"two runs for arm {arm!r} seed {seed}: "
+                f"{seeds[seed].get('run_id')} and {outcome.get('run_id')}"
+            )
+        seeds[seed] = dict(outcome)
+    return by_arm
+
+
+def _comparison(arm: str, baseline: Mapping[int, dict], treated: Mapping[int, dict]) -> dict:
+    seeds = sorted(set(baseline) & set(treated))
+    per_seed = [{"seed": seed, "baseline": baseline[seed], "arm": treated[seed]} for seed in seeds]
+    degraded_baseline = sum(bool(baseline[s]["persistently_degraded"]) for s in seeds)
+    degraded_arm = sum(bool(treated[s]["persistently_degraded"]) for s in seeds)
+    arm_only = sum(
+        bool(treated[s]["persistently_degraded"]) and not baseline[s]["persistently_degraded"]
+        for s in seeds
+    )
+    baseline_only = sum(
+        bool(baseline[s]["persistently_degraded"]) and not treated[s]["persistently_degraded"]
+        for s in seeds
+    )
+    return {
+        "arm": arm,
+        "n_pairs": len(seeds),
+        "degraded_baseline": degraded_baseline,
+        "degraded_arm": degraded_arm,
+        "discordant_arm_only": arm_only,
+        "discordant_baseline_only": baseline_only,
+        "sign_test_p": sign_test_p(arm_only, arm_only + baseline_only),
+        "per_seed": per_seed,
+    }
+
+
+def paired_comparisons(run_outcomes: Sequence[Mapping[str, Any]], baseline_arm: str) -> dict:
+    """Pair runs by seed between baseline_arm and every other arm (in order of first appearance).
+
+    Seeds present in only one arm of a comparison are skipped. Returns the `pairs` object of
+    summary.json.
+    """
+    by_arm = _runs_by_arm_and_seed(run_outcomes)
+    baseline = by_arm.get(baseline_arm, {})
+    comparisons = [
+        _comparison(arm, baseline, treated)
+        for arm, treated in by_arm.items()
+        if arm != baseline_arm
+    ]
+    return {"baseline_arm": baseline_arm, "comparisons": comparisons}
+
+
+# --------------------------------------------------------------------------------------------
+# summary.json
+
+
+def _spec_arm_names(run_json: Mapping[str, Any]) -> list[str]:
+    """Arm names in the order the resolved spec lists them ([] when it does not)."""
+    spec = run_json.get("spec")
+    arms = spec.get("arms") if isinstance(spec, Mapping) else None
+    if not isinstance(arms, list):
+        return []
+    names = []
+    for arm in arms:
+        name = arm.get("name") if isinstance(arm, Mapping) else arm
+        if isinstance(name, str):
+            names.append(name)
+    return names
+
+
+def _experiment_name(run_jsons: Sequence[Mapping[str, Any]]) -> Optional[str]:
+    names = sorted({str(r["experiment"]) for r in run_jsons if r.get("experiment") is not None})
+    if not names:
+        return None
+    # One results directory holds one experiment; if it does not, say so rather than pick one.
+    return names[0] if len(names) == 1 else ", ".join(names)
+
+
+def _arm_order(run_jsons: Sequence[Mapping[str, Any]], arms: Iterable[str]) -> list[str]:
+    """Arms in spec order first, then any others alphabetically."""
+    present = set(arms)
+    spec_names = _spec_arm_names(run_jsons[0]) if run_jsons else []
+    ordered = [name for name in dict.fromkeys(spec_names) if name in present]
+    return ordered + sorted(present - set(ordered))
+
+
+def _baseline_arm(run_jsons: Sequence[Mapping[str, Any]], arms: Iterable[str]) -> Optional[str]:
+    spec_names = _spec_arm_names(run_jsons[0]) if run_jsons else []
+    if spec_names:
+        return spec_names[0]
+    present = sorted(set(arms))
+    return present[0] if present else None
+
+
+def summarize(results_dir: str | os.PathLike) -> dict:
+    """Build the summary.json dict from every completed run under results_dir/runs/.
+
+    Runs whose status is not "completed" are left out of `runs` and `pairs` and listed by id
+    under `incomplete_runs`.
+    """
+    runs_root = Path(results_dir) / "runs"
+    run_json_paths = sorted(runs_root.glob("*/run.json")) if runs_root.is_dir() else []
+
+    completed: list[RunData] = []
+    incomplete_runs: list[str] = []
+    for path in run_json_paths:
+        run_json = _read_run_json(path)
+        if run_json.get("status") != "completed":
+            incomplete_runs.append(str(run_json["run_id"]))
+            continue
+        completed.append(load_run(path.parent))
+
+    run_jsons = [run.run_json for run in completed]
+    outcomes = [run_outcome(run) for run in completed]
+    arms = _arm_order(run_jsons, (o["arm"] for o in outcomes))
+    arm_rank = {arm: i for i, arm in enumerate(arms)}
+    outcomes.sort(key=lambda o: (arm_rank[o["arm"]], o["seed"], o["run_id"]))
+
+    baseline_arm = _baseline_arm(run_jsons, arms)
+    if baseline_arm is None:
+        pairs: dict = {"baseline_arm": None, "comparisons": []}
+    else:
+        pairs = paired_comparisons(outcomes, baseline_arm)
+    return {
+        "experiment": _experiment_name(run_jsons),
+        "runs": outcomes,
+        "pairs": pairs,
+        "incomplete_runs": sorted(incomplete_runs),
+    }
+
+
+def write_summary(results_dir: str | os.PathLike) -> dict:
+    """Rebuild summary.json in results_dir atomically (temp file + os.replace); return the dict."""
+    summary = summarize(results_dir)
+    target = Path(results_dir) / "summary.json"
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    # allow_nan=False: a NaN slipping through would make the file unreadable by strict parsers.
+    tmp.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, target)
+    return summary
+
+
+# --------------------------------------------------------------------------------------------
+# Paired outcome table
+
+
+def _table_arms(summary: Mapping[str, Any]) -> list[str]:
+    """Baseline arm, then compared arms, then any other arm with runs."""
+    pairs = summary.get("pairs") or {}
+    arms = [pairs.get("baseline_arm")] if pairs.get("baseline_arm") else []
+    arms += [c["arm"] for c in pairs.get("comparisons", [])]
+    arms += [r["arm"] for r in summary.get("runs", [])]
+    return list(dict.fromkeys(arms))
+
+
+def outcome_table(summary: Mapping[str, Any]) -> list[dict]:
+    """One row per seed: {"seed": int, "arms": {arm: {hit/sessions/degraded fields} or None}}.
+
+    Arms appear baseline first; an arm without a run for that seed maps to None.
+    """
+    arms = _table_arms(summary)
+    by_seed: dict[int, dict[str, dict]] = {}
+    for run in summary.get("runs", []):
+        by_seed.setdefault(int(run["seed"]), {})[run["arm"]] = {
+            "hit_ratio_last10min": run["hit_ratio_last10min"],
+            "sessions_in_system_last5min": run["sessions_in_system_last5min"],
+            "persistently_degraded": bool(run["persistently_degraded"]),
+        }
+    return [
+        {"seed": seed, "arms": {arm: by_seed[seed].get(arm) for arm in arms}}
+        for seed in sorted(by_seed)
+    ]
+
+
+def _fmt_number(value: Optional[float], digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _fmt_cell(cell: Optional[Mapping[str, Any]]) -> list[str]:
+    if cell is None:
+        return ["-", "-", "-"]
+    return [
+        _fmt_number(cell["hit_ratio_last10min"], 3),
+        _fmt_number(cell["sessions_in_system_last5min"], 1),
+        "YES" if cell["persistently_degraded"] else "no",
+    ]
+
+
+def _fmt_comparison(comparison: Mapping[str, Any], baseline_arm: str) -> str:
+    arm, n_pairs = comparison["arm"], comparison["n_pairs"]
+    return (
+        f"{arm} vs {baseline_arm}: {n_pairs} pairs; persistently degraded "
+        f"{comparison['degraded_arm']}/{n_pairs} ({arm}) vs "
+        f"{comparison['degraded_baseline']}/{n_pairs} ({baseline_arm}); discordant pairs "
+        f"{comparison['discordant_arm_only']} ({arm} only) / "
+        f"{comparison['discordant_baseline_only']} ({baseline_arm} only); "
+        f"two-sided sign test p = {comparison['sign_test_p']:.4g}"
+    )
+
+
+def format_outcome_table(summary: Mapping[str, Any]) -> str:
+    """The paired outcome table as fixed-width text, followed by one line per comparison."""
+    arms = _table_arms(summary)
+    rows = outcome_table(summary)
+    sub_headers = ["hit10m", "sess5m", "degraded"]
+
+    header = ["seed"] + sub_headers * len(arms)
+    body = [
+        [str(row["seed"])] + [cell for arm in arms for cell in _fmt_cell(row["arms"][arm])]
+        for row in rows
+    ]
+    widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
+    # Each arm name heads its group of three columns; widen the group if the name is longer.
+    for a, arm in enumerate(arms):
+        first = 1 + 3 * a
+        group_width = sum(widths[first : first + 3]) + 4  # two 2-space gaps inside a group
+        widths[first + 2] += max(0, len(arm) - group_width)
+
+    def group(cells: Sequence[str], a: int) -> str:
+        first = 1 + 3 * a
+        return "  ".join(cells[i].rjust(widths[i]) for i in range(first, first + 3))
+
+    def join(cells: Sequence[str]) -> str:
+        parts = [cells[0].rjust(widths[0])] + [group(cells, a) for a in range(len(arms))]
+        return " | ".join(parts).rstrip()
+
+    arm_titles = [" " * widths[0]] + [
+        arm.ljust(sum(widths[1 + 3 * a : 4 + 3 * a]) + 4) for a, arm in enumerate(arms)
+    ]
+    pairs = summary.get("pairs") or {}
+    lines = [
+        f"Paired outcomes: experiment {summary.get('experiment')} "
+        f"(baseline arm: {pairs.get('baseline_arm')})",
+        " | ".join(arm_titles).rstrip(),
+        join(header),
+    ]
+    lines += [join(cells) for cells in body]
+    lines.append(
+        "hit10m: token-weighted hit ratio, last 10 min; sess5m: mean sessions in system, "
+        "last 5 min; degraded: persistently degraded"
+    )
+    for comparison in pairs.get("comparisons", []):
+        lines.append(_fmt_comparison(comparison, str(pairs.get("baseline_arm"))))
+    incomplete = summary.get("incomplete_runs") or []
+    if incomplete:
+        lines.append(f"incomplete runs (not counted): {', '.join(incomplete)}")
+    return "\n".join(lines)

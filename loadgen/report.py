@@ -1,0 +1,211 @@
+"""Figures of a results directory: one paired time-series figure per seed and an overview.
+
+Reads the run directories named by a summary (``loadgen.analysis.summarize``) and writes PNGs
+under ``<results_dir>/figures/``. Uses matplotlib's Agg backend so it works without a display.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: must precede the pyplot import
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+
+from loadgen.analysis import (  # noqa: E402
+    DEGRADED_HIT_RATIO,
+    RunData,
+    load_run,
+    window_series,
+)
+
+__all__ = ["write_figures", "arm_colors", "WINDOW_S", "DPI"]
+
+WINDOW_S = 60.0
+DPI = 100
+TRIGGER_ALPHA = 0.15
+TRIGGER_COLOR = "tab:red"
+
+
+def _arm_order(summary: Mapping[str, Any]) -> list[str]:
+    """Baseline arm first, then compared arms, then any others, as the summary lists them."""
+    pairs = summary.get("pairs") or {}
+    arms = [pairs.get("baseline_arm")] if pairs.get("baseline_arm") else []
+    arms += [c["arm"] for c in pairs.get("comparisons", [])]
+    arms += [r["arm"] for r in summary.get("runs", [])]
+    return list(dict.fromkeys(arms))
+
+
+def arm_colors(summary: Mapping[str, Any]) -> dict[str, str]:
+    """A fixed color per arm, so an arm looks the same in every figure of a results directory."""
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {arm: palette[i % len(palette)] for i, arm in enumerate(_arm_order(summary))}
+
+
+def _minutes(seconds: Any) -> Any:
+    """Run-time seconds to minutes (scalars stay scalars, arrays stay arrays)."""
+    return np.asarray(seconds, dtype=np.float64) / 60.0
+
+
+def _trigger_windows(runs: Sequence[RunData]) -> list[tuple[str, float, float]]:
+    """Distinct (kind, start_s, end_s) trigger windows over the given runs, in time order."""
+    windows = set()
+    for run in runs:
+        for trigger in run.run_json.get("triggers") or []:
+            start_s, end_s = trigger.get("start_s"), trigger.get("end_s")
+            if start_s is None or end_s is None:
+                continue
+            windows.add((str(trigger.get("kind", "trigger")), float(start_s), float(end_s)))
+    return sorted(windows, key=lambda w: (w[1], w[2], w[0]))
+
+
+def _shade_triggers(axes: Sequence[Axes], windows: Sequence[tuple[str, float, float]]) -> None:
+    """Shade each trigger window on every panel; label each kind once (top panel only)."""
+    labelled: set[str] = set()
+    for kind, start_s, end_s in windows:
+        for i, ax in enumerate(axes):
+            label = None
+            if i == 0 and kind not in labelled:
+                label = f"trigger: {kind}"
+                labelled.add(kind)
+            ax.axvspan(
+                _minutes(start_s),
+                _minutes(end_s),
+                color=TRIGGER_COLOR,
+                alpha=TRIGGER_ALPHA,
+                linewidth=0,
+                label=label,
+            )
+
+
+def _window_midpoints_min(starts_s: np.ndarray, widths_s: np.ndarray) -> np.ndarray:
+    return _minutes(starts_s + widths_s / 2.0)
+
+
+def _plot_pair(
+    path: Path,
+    seed: int,
+    runs: Sequence[RunData],
+    colors: Mapping[str, str],
+    experiment: Any,
+) -> None:
+    """One seed's arms: hit ratio, turn throughput and sessions in system, sharing the x axis."""
+    fig, (ax_hit, ax_tput, ax_sessions) = plt.subplots(
+        3, 1, sharex=True, figsize=(10, 9), constrained_layout=True
+    )
+    for run in runs:
+        arm = str(run.run_json["arm"])
+        duration_s = float(run.run_json["duration_s"])
+        series = window_series(run.turns, 0.0, duration_s, WINDOW_S)
+        mid_min = _window_midpoints_min(series.window_starts_s, series.window_widths_s)
+        ax_hit.plot(mid_min, series.hit_ratio, color=colors[arm], label=arm, linewidth=1.4)
+        ax_tput.plot(mid_min, series.turns_per_s, color=colors[arm], label=arm, linewidth=1.4)
+        if run.samples.num_rows:
+            t_s = run.samples.column("t_s").to_numpy()
+            sessions = run.samples.column("sessions_in_system").to_numpy()
+            order = np.argsort(t_s, kind="stable")
+            ax_sessions.plot(
+                _minutes(t_s[order]), sessions[order], color=colors[arm], label=arm, linewidth=1.4
+            )
+
+    ax_hit.axhline(
+        DEGRADED_HIT_RATIO, color="0.4", linestyle="--", linewidth=0.8,
+        label=f"degraded below {DEGRADED_HIT_RATIO:g}",
+    )
+    _shade_triggers([ax_hit, ax_tput, ax_sessions], _trigger_windows(runs))
+
+    ax_hit.set_ylim(-0.02, 1.02)
+    ax_hit.set_ylabel("prefix-cache hit ratio\n(token-weighted)")
+    ax_hit.set_title(f"Hit ratio per {WINDOW_S / 60:g}-minute window")
+    ax_tput.set_ylabel("turns / s")
+    ax_tput.set_title(f"Turn throughput per {WINDOW_S / 60:g}-minute window (successful turns)")
+    ax_sessions.set_ylabel("sessions")
+    ax_sessions.set_title("Sessions in the system (arrived, not finished)")
+    ax_sessions.set_xlabel("run time (minutes)")
+    for ax in (ax_hit, ax_tput, ax_sessions):
+        ax.grid(True, alpha=0.3)
+        ax.set_xlim(left=0)
+    ax_tput.set_ylim(bottom=0)
+    ax_sessions.set_ylim(bottom=0)
+    ax_hit.legend(loc="lower left", fontsize="small")
+    fig.suptitle(f"{experiment}: seed {seed}, arms compared")
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def _plot_overview(
+    path: Path,
+    runs_by_arm: Mapping[str, Sequence[RunData]],
+    colors: Mapping[str, str],
+    experiment: Any,
+) -> None:
+    """One panel per arm with every seed's hit-ratio series as a thin line."""
+    arms = list(runs_by_arm)
+    fig, axes = plt.subplots(
+        len(arms), 1, sharex=True, sharey=True, squeeze=False,
+        figsize=(10, 2.6 * len(arms) + 0.8), constrained_layout=True,
+    )
+    for ax, arm in zip(axes[:, 0], arms):
+        runs = runs_by_arm[arm]
+        for run in runs:
+            series = window_series(run.turns, 0.0, float(run.run_json["duration_s"]), WINDOW_S)
+            mid_min = _window_midpoints_min(series.window_starts_s, series.window_widths_s)
+            ax.plot(mid_min, series.hit_ratio, color=colors[arm], linewidth=0.8, alpha=0.6)
+        ax.axhline(DEGRADED_HIT_RATIO, color="0.4", linestyle="--", linewidth=0.8)
+        _shade_triggers([ax], _trigger_windows(runs))
+        ax.set_title(f"arm {arm}: {len(runs)} seed(s), one line per seed")
+        ax.set_ylabel("hit ratio")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlim(left=0)
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="lower left", fontsize="small")
+    axes[-1, 0].set_xlabel("run time (minutes)")
+    fig.suptitle(
+        f"{experiment}: token-weighted hit ratio per {WINDOW_S / 60:g}-minute window, all seeds"
+    )
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def write_figures(results_dir: str | os.PathLike, summary: Mapping[str, Any]) -> list[Path]:
+    """Write figures/pair-s<seed>.png for each seed run in >1 arm, and figures/overview.png.
+
+    Returns the paths written. Only runs listed in summary["runs"] are drawn.
+    """
+    results_path = Path(results_dir)
+    figures_dir = results_path / "figures"
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    colors = arm_colors(summary)
+    experiment = summary.get("experiment")
+    arm_rank = {arm: i for i, arm in enumerate(colors)}
+
+    runs = [load_run(results_path / "runs" / entry["run_id"]) for entry in summary.get("runs", [])]
+    runs.sort(key=lambda r: (arm_rank[str(r.run_json["arm"])], int(r.run_json["seed"])))
+
+    runs_by_seed: dict[int, list[RunData]] = {}
+    runs_by_arm: dict[str, list[RunData]] = {}
+    for run in runs:
+        runs_by_seed.setdefault(int(run.run_json["seed"]), []).append(run)
+        runs_by_arm.setdefault(str(run.run_json["arm"]), []).append(run)
+
+    written: list[Path] = []
+    for seed in sorted(runs_by_seed):
+        seed_runs = runs_by_seed[seed]
+        if len({r.run_json["arm"] for r in seed_runs}) < 2:
+            continue
+        path = figures_dir / f"pair-s{seed}.png"
+        _plot_pair(path, seed, seed_runs, colors, experiment)
+        written.append(path)
+
+    if runs_by_arm:
+        path = figures_dir / "overview.png"
+        _plot_overview(path, runs_by_arm, colors, experiment)
+        written.append(path)
+    return written

@@ -1,0 +1,342 @@
+"""Tests for loadgen.analysis against synthetic run directories (docs/results-format.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from loadgen.analysis import (
+    format_outcome_table,
+    load_run,
+    outcome_table,
+    paired_comparisons,
+    persistently_degraded,
+    run_outcome,
+    sign_test_p,
+    summarize,
+    window_series,
+    write_summary,
+)
+
+try:  # run as `python -m pytest` from the repo root, or with tests/ on sys.path
+    from tests.factories import sample_row, steady_turns, turn_row, write_run_dir
+except ImportError:  # pragma: no cover
+    from factories import sample_row, steady_turns, turn_row, write_run_dir
+
+BURST = [{"kind": "burst", "start_s": 900.0, "end_s": 1200.0}]
+ARMS_SPEC = {"name": "exp", "arms": [{"name": "no-burst"}, {"name": "burst"}]}
+
+
+def _turns_table(rows: list[dict], tmp_path: Path) -> pa.Table:
+    run_dir = write_run_dir(tmp_path, "r-s1", "r", 1, rows, [], [], 3600.0, None)
+    return load_run(run_dir).turns
+
+
+# --------------------------------------------------------------------------------------------
+# Windows
+
+
+def test_window_hit_ratio_is_token_weighted(tmp_path: Path) -> None:
+    rows = [
+        turn_row(10.0, 1000, 900),  # 90% hit, large turn
+        turn_row(20.0, 100, 0),  # 0% hit, small turn
+        turn_row(30.0, 5000, 5000, error="timeout"),  # failed: must not count
+        turn_row(70.0, 200, 50),
+        turn_row(180.0, 400, 400),  # exactly at end_s: belongs to the last window
+    ]
+    series = window_series(_turns_table(rows, tmp_path), 0.0, 180.0, 60.0)
+
+    np.testing.assert_allclose(series.window_starts_s, [0.0, 60.0, 120.0])
+    # Token weighted: 900/1100, not the per-turn mean (0.9 + 0) / 2.
+    assert series.hit_ratio[0] == pytest.approx(900 / 1100)
+    assert series.hit_ratio[1] == pytest.approx(50 / 200)
+    assert series.hit_ratio[2] == pytest.approx(1.0)
+    np.testing.assert_array_equal(series.num_turns, [2, 1, 1])
+    np.testing.assert_allclose(series.turns_per_s, [2 / 60, 1 / 60, 1 / 60])
+    np.testing.assert_allclose(series.recomputed_prompt_tokens_per_s, [200 / 60, 150 / 60, 0.0])
+
+
+def test_window_without_turns_is_nan_and_partial_last_window(tmp_path: Path) -> None:
+    rows = [turn_row(10.0, 100, 50), turn_row(140.0, 100, 100)]
+    series = window_series(_turns_table(rows, tmp_path), 0.0, 150.0, 60.0)
+
+    np.testing.assert_allclose(series.window_widths_s, [60.0, 60.0, 30.0])
+    assert math.isnan(series.hit_ratio[1])
+    assert series.num_turns[1] == 0 and series.turns_per_s[1] == 0.0
+    # The short last window's rate uses its own 30 s width.
+    assert series.turns_per_s[2] == pytest.approx(1 / 30)
+
+
+# --------------------------------------------------------------------------------------------
+# Per-run outcome
+
+
+def test_last_10min_figures(tmp_path: Path) -> None:
+    turns = (
+        steady_turns(0.0, 3000.0, 10.0, hit_ratio=0.2)  # before the last 10 min: ignored
+        + [turn_row(3100.0, 3000, 2700), turn_row(3500.0, 1000, 100)]
+        + [turn_row(3550.0, 9999, 9999, error="engine error")]
+    )
+    samples = [sample_row(t, 100) for t in range(0, 3300, 10)] + [
+        sample_row(3300.0, 10),
+        sample_row(3450.0, 20),
+        sample_row(3600.0, 30),
+    ]
+    run_dir = write_run_dir(
+        tmp_path, "burst-s7", "burst", 7, turns, samples, BURST, 3600.0, 1200.0,
+        counts={"sessions_arrived": 50, "sessions_completed": 42, "turns_completed": 302},
+    )
+    outcome = run_outcome(load_run(run_dir))
+
+    assert set(outcome) == {
+        "run_id", "experiment", "arm", "seed", "duration_s", "hit_ratio_last10min",
+        "sessions_in_system_last5min", "persistently_degraded", "turns_completed",
+        "sessions_completed", "turns_per_s_last10min",
+    }
+    assert outcome["hit_ratio_last10min"] == pytest.approx((2700 + 100) / (3000 + 1000))
+    assert outcome["sessions_in_system_last5min"] == pytest.approx(20.0)
+    assert outcome["turns_per_s_last10min"] == pytest.approx(2 / 600)
+    assert outcome["turns_completed"] == 302 and outcome["sessions_completed"] == 42
+    assert (outcome["run_id"], outcome["arm"], outcome["seed"]) == ("burst-s7", "burst", 7)
+    assert outcome["experiment"] == "exp" and outcome["duration_s"] == 3600.0
+
+
+def test_zero_row_turns_are_tolerated(tmp_path: Path) -> None:
+    run_dir = write_run_dir(tmp_path, "a-s1", "a", 1, [], [], [], 1800.0, None)
+    run = load_run(run_dir)
+    assert run.turns.num_rows == 0
+
+    outcome = run_outcome(run)
+    assert outcome["hit_ratio_last10min"] is None
+    assert outcome["sessions_in_system_last5min"] is None
+    assert outcome["turns_per_s_last10min"] == 0.0
+    # No finished turn in any window: every window is degraded.
+    assert outcome["persistently_degraded"] is True
+    json.dumps(outcome, allow_nan=False)
+
+
+def test_zero_row_turns_without_schema_are_tolerated(tmp_path: Path) -> None:
+    run_dir = write_run_dir(tmp_path, "a-s1", "a", 1, [], [], [], 1800.0, None)
+    pq.write_table(pa.table({}), run_dir / "turns.parquet")
+    assert load_run(run_dir).turns.num_rows == 0
+
+
+# Runs for the persistent-degradation cases: te = 1200, duration 2700, five 5-minute windows
+# [1200,1500) .. [2400,2700).
+HEALTHY = steady_turns(0.0, 2700.0, 10.0, hit_ratio=0.9)
+RECOVERED = (
+    steady_turns(0.0, 900.0, 10.0, 0.9)
+    + steady_turns(900.0, 1800.0, 10.0, 0.1)  # degraded through windows 0 and 1
+    + steady_turns(1800.0, 2700.0, 10.0, 0.9)
+)
+COLLAPSED = steady_turns(0.0, 1500.0, 10.0, 0.9) + steady_turns(1500.0, 2700.0, 10.0, 0.1)
+STOPPED = steady_turns(0.0, 2100.0, 10.0, 0.9)  # no turn finishes after 2100
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [(HEALTHY, False), (RECOVERED, False), (COLLAPSED, True), (STOPPED, True)],
+    ids=["healthy", "recovered", "collapsed", "empty-windows-degraded"],
+)
+def test_persistently_degraded_cases(tmp_path: Path, rows: list[dict], expected: bool) -> None:
+    turns = _turns_table(rows, tmp_path)
+    assert persistently_degraded(turns, 1200.0, 2700.0) is expected
+
+
+def test_persistently_degraded_aligns_windows_to_reference_trigger_end(tmp_path: Path) -> None:
+    # Degraded (hit 0.2) only in [2400, 2700], fully healthy (1.0) before.
+    rows = steady_turns(0.0, 2400.0, 10.0, 1.0) + steady_turns(2400.0, 2700.0, 10.0, 0.2)
+    turns = _turns_table(rows, tmp_path)
+
+    # te = 1200: the last window is [2400, 2700), all degraded.
+    assert persistently_degraded(turns, 1200.0, 2700.0) is True
+    # te = 1350: the last window that ends by 2700 is [2250, 2550), half healthy (0.6 >= 0.5);
+    # [2550, 2850) does not end by the run end and must not be used.
+    assert persistently_degraded(turns, 1350.0, 2700.0) is False
+
+
+def test_control_arm_uses_reference_trigger_end_not_its_own_triggers(tmp_path: Path) -> None:
+    rows = steady_turns(0.0, 2400.0, 10.0, 1.0) + steady_turns(2400.0, 2700.0, 10.0, 0.2)
+    aligned = write_run_dir(tmp_path, "ctl-s1", "ctl", 1, rows, [], [], 2700.0, 1200.0)
+    shifted = write_run_dir(tmp_path, "ctl-s2", "ctl", 2, rows, [], [], 2700.0, 1350.0)
+    assert run_outcome(load_run(aligned))["persistently_degraded"] is True
+    assert run_outcome(load_run(shifted))["persistently_degraded"] is False
+
+
+def test_persistently_degraded_false_when_no_full_window_fits(tmp_path: Path) -> None:
+    turns = _turns_table([], tmp_path)
+    assert persistently_degraded(turns, 2500.0, 2700.0) is False
+    assert persistently_degraded(turns, 2700.0, 2700.0) is False
+
+
+# --------------------------------------------------------------------------------------------
+# Sign test and pairing
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "p"),
+    [
+        (0, 9, 2 / 512),
+        (9, 9, 2 / 512),
+        (1, 5, 0.375),
+        (4, 5, 0.375),
+        (0, 0, 1.0),
+        (3, 6, 1.0),
+        (0, 1, 1.0),
+        (2, 10, 2 * (1 + 10 + 45) / 1024),
+        (1, 12, 2 * 13 / 4096),
+    ],
+)
+def test_sign_test_p_known_values(k: int, n: int, p: float) -> None:
+    assert sign_test_p(k, n) == pytest.approx(p, rel=1e-12)
+
+
+def test_sign_test_rejects_bad_counts() -> None:
+    with pytest.raises(ValueError):
+        sign_test_p(3, 2)
+
+
+def _outcome(arm: str, seed: int, degraded: bool) -> dict:
+    return {
+        "run_id": f"{arm}-s{seed}", "experiment": "exp", "arm": arm, "seed": seed,
+        "duration_s": 3600.0, "hit_ratio_last10min": 0.2 if degraded else 0.9,
+        "sessions_in_system_last5min": 40.0 if degraded else 10.0,
+        "persistently_degraded": degraded, "turns_completed": 100, "sessions_completed": 10,
+        "turns_per_s_last10min": 0.1,
+    }
+
+
+def test_paired_comparisons_pairs_by_seed_and_skips_missing() -> None:
+    outcomes = [
+        _outcome("no-burst", 1, False),
+        _outcome("no-burst", 2, False),
+        _outcome("no-burst", 3, True),  # no burst twin: skipped
+        _outcome("burst", 1, True),
+        _outcome("burst", 2, False),
+        _outcome("burst", 4, True),  # no baseline twin: skipped
+        _outcome("flush", 2, True),
+        _outcome("flush", 3, False),
+    ]
+    pairs = paired_comparisons(outcomes, "no-burst")
+
+    assert pairs["baseline_arm"] == "no-burst"
+    burst, flush = pairs["comparisons"]
+    assert burst["arm"] == "burst" and flush["arm"] == "flush"
+    assert burst["n_pairs"] == 2
+    assert [p["seed"] for p in burst["per_seed"]] == [1, 2]
+    assert burst["per_seed"][0]["baseline"]["run_id"] == "no-burst-s1"
+    assert burst["per_seed"][0]["arm"]["run_id"] == "burst-s1"
+    assert (burst["degraded_baseline"], burst["degraded_arm"]) == (0, 1)
+    assert (burst["discordant_arm_only"], burst["discordant_baseline_only"]) == (1, 0)
+    assert burst["sign_test_p"] == 1.0
+
+    assert [p["seed"] for p in flush["per_seed"]] == [2, 3]
+    assert (flush["discordant_arm_only"], flush["discordant_baseline_only"]) == (1, 1)
+
+
+def test_paired_comparisons_nine_of_nine() -> None:
+    outcomes = [_outcome("no-burst", s, False) for s in range(9)]
+    outcomes += [_outcome("burst", s, True) for s in range(9)]
+    (burst,) = paired_comparisons(outcomes, "no-burst")["comparisons"]
+    assert burst["discordant_arm_only"] == 9
+    assert burst["sign_test_p"] == pytest.approx(0.00390625)
+
+
+def test_paired_comparisons_rejects_duplicate_runs() -> None:
+    with pytest.raises(ValueError, match="two runs"):
+        paired_comparisons([_outcome("a", 1, False), _outcome("a", 1, True)], "a")
+
+
+# --------------------------------------------------------------------------------------------
+# summary.json
+
+
+def _write_experiment(root: Path) -> None:
+    """Two seeds x two arms (burst collapses on seed 1 only) plus one failed run."""
+    samples = [sample_row(t, 12) for t in range(0, 2701, 30)]
+    for seed in (1, 2):
+        write_run_dir(
+            root, f"no-burst-s{seed}", "no-burst", seed, HEALTHY, samples, [], 2700.0, 1200.0,
+            spec=ARMS_SPEC,
+        )
+    write_run_dir(root, "burst-s1", "burst", 1, COLLAPSED, samples, BURST, 2700.0, 1200.0,
+                  spec=ARMS_SPEC)
+    write_run_dir(root, "burst-s2", "burst", 2, RECOVERED, samples, BURST, 2700.0, 1200.0,
+                  spec=ARMS_SPEC)
+    write_run_dir(root, "burst-s3", "burst", 3, [], [], BURST, 2700.0, 1200.0,
+                  spec=ARMS_SPEC, status="failed")
+
+
+def test_summary_round_trip(tmp_path: Path) -> None:
+    _write_experiment(tmp_path)
+    summary = write_summary(tmp_path)
+
+    text = (tmp_path / "summary.json").read_text()
+    # Strict JSON: no NaN / Infinity tokens.
+    loaded = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert loaded == summary
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs", "summary.json"]
+
+    assert summary["experiment"] == "exp"
+    assert summary["incomplete_runs"] == ["burst-s3"]
+    # Spec order: baseline arm first even though "burst" sorts first alphabetically.
+    assert [r["run_id"] for r in summary["runs"]] == [
+        "no-burst-s1", "no-burst-s2", "burst-s1", "burst-s2",
+    ]
+    assert summary["pairs"]["baseline_arm"] == "no-burst"
+    (burst,) = summary["pairs"]["comparisons"]
+    assert burst["n_pairs"] == 2 and burst["degraded_arm"] == 1
+    assert burst["discordant_arm_only"] == 1 and burst["sign_test_p"] == 1.0
+    assert summarize(tmp_path) == summary
+
+
+def test_summary_baseline_alphabetical_without_spec_arms(tmp_path: Path) -> None:
+    for arm in ("zeta", "alpha"):
+        write_run_dir(tmp_path, f"{arm}-s1", arm, 1, HEALTHY, [], [], 2700.0, None)
+    summary = summarize(tmp_path)
+    assert summary["pairs"]["baseline_arm"] == "alpha"
+    assert [c["arm"] for c in summary["pairs"]["comparisons"]] == ["zeta"]
+
+
+def test_missing_turns_parquet_is_a_clear_error(tmp_path: Path) -> None:
+    run_dir = write_run_dir(tmp_path, "a-s1", "a", 1, HEALTHY, [], [], 2700.0, None)
+    (run_dir / "turns.parquet").unlink()
+    with pytest.raises(ValueError, match="turns.parquet"):
+        load_run(run_dir)
+    with pytest.raises(ValueError, match="turns.parquet"):
+        summarize(tmp_path)
+
+
+def test_malformed_files_are_clear_errors(tmp_path: Path) -> None:
+    run_dir = write_run_dir(tmp_path, "a-s1", "a", 1, HEALTHY, [], [], 2700.0, None)
+    (run_dir / "samples.parquet").write_bytes(b"not parquet")
+    with pytest.raises(ValueError, match="samples.parquet"):
+        load_run(run_dir)
+    (run_dir / "run.json").write_text("{not json")
+    with pytest.raises(ValueError, match="run.json"):
+        load_run(run_dir)
+
+
+def test_outcome_table_rows_and_text(tmp_path: Path) -> None:
+    _write_experiment(tmp_path)
+    summary = summarize(tmp_path)
+
+    rows = outcome_table(summary)
+    assert [row["seed"] for row in rows] == [1, 2]
+    assert list(rows[0]["arms"]) == ["no-burst", "burst"]
+    assert rows[0]["arms"]["burst"]["persistently_degraded"] is True
+    assert rows[1]["arms"]["burst"]["persistently_degraded"] is False
+    assert rows[0]["arms"]["no-burst"]["hit_ratio_last10min"] == pytest.approx(0.9)
+
+    text = format_outcome_table(summary)
+    lines = text.splitlines()
+    assert "no-burst" in lines[1] and "burst" in lines[1]
+    assert any(line.strip().startswith("1 |") and "YES" in line for line in lines)
+    assert "discordant" in text and "p = 1" in text
+    assert "burst-s3" in text  # incomplete runs are mentioned
