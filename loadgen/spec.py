@@ -275,11 +275,16 @@ class ExperimentSpec(_Model):
         return max(ends) if ends else None
 
 
+_KIND_TAGS = {"sim", "synthetic", "burst", "extra_sessions", "flush", "rate_change", "mix_shift"}
+
+
 def _format_errors(exc: ValidationError, source: str) -> str:
     lines = [f"{source}: invalid spec"]
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"]
+        # pydantic puts the discriminator's value into the location (engine.sim.pool_tokens)
+        parts = [p for p in err["loc"] if p not in _KIND_TAGS]
+        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".") or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
         lines.append(f"  {loc}: {msg}")

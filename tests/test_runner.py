@@ -1,0 +1,132 @@
+"""Whole runs in virtual time: determinism, pairing, recorded tables, crash safety."""
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from loadgen.recording import PARTS_DIR, RunRecorder, merge_parts
+from loadgen.runner import RunKey, run_keys, run_simulated
+from tests.conftest import make_spec, make_spec_dict
+from loadgen.spec import parse_spec
+
+
+def _turns(out, run_id):
+    return pq.read_table(out / "runs" / run_id / "turns.parquet")
+
+
+def test_same_spec_and_seed_give_bit_identical_results(tmp_path, tiny_spec):
+    run_simulated(tiny_spec, RunKey("burst", 1), tmp_path / "a")
+    run_simulated(tiny_spec, RunKey("burst", 1), tmp_path / "b")
+    for name in ("turns.parquet", "samples.parquet"):
+        a = (tmp_path / "a" / "runs" / "burst-s1" / name).read_bytes()
+        b = (tmp_path / "b" / "runs" / "burst-s1" / name).read_bytes()
+        assert pq.read_table(tmp_path / "a" / "runs" / "burst-s1" / name).num_rows > 0
+        assert a == b
+
+
+def test_turn_records_are_consistent(tmp_path, tiny_spec):
+    info = run_simulated(tiny_spec, RunKey("base", 2), tmp_path)
+    t = _turns(tmp_path, "base-s2").to_pydict()
+    n = len(t["session_id"])
+    assert n == info["counts"]["turns_completed"] > 0
+    for i in range(n):
+        assert t["ready_s"][i] <= t["admit_s"][i] < t["first_token_s"][i] <= t["finish_s"][i] <= 600
+        assert 0 <= t["cached_tokens"][i] < t["prompt_tokens"][i]
+        assert t["output_tokens"][i] == 100 and t["error"][i] is None
+    # a session's later turns hit its own previous context (prompt + output - 1, whole blocks)
+    by_session = {}
+    for i in range(n):
+        by_session.setdefault(t["session_id"][i], []).append(i)
+    rows = by_session[min(by_session)]
+    first, second = rows[0], rows[1]
+    assert t["turn_index"][second] == 1
+    expected = (t["prompt_tokens"][first] + 100 - 1) // 16 * 16
+    assert t["cached_tokens"][second] == expected
+
+
+def test_base_sessions_match_across_arms_until_the_trigger(tmp_path, tiny_spec):
+    run_simulated(tiny_spec, RunKey("base", 1), tmp_path)
+    run_simulated(tiny_spec, RunKey("burst", 1), tmp_path)
+    a = _turns(tmp_path, "base-s1").to_pydict()
+    b = _turns(tmp_path, "burst-s1").to_pydict()
+    before = lambda t: [(s, k, f) for s, k, f in zip(t["session_id"], t["turn_index"], t["finish_s"]) if f < 120]
+    assert before(a) == before(b) and before(a)
+    assert any(b["is_trigger_session"]) and not any(a["is_trigger_session"])
+
+
+def test_samples_cover_the_run_every_interval(tmp_path, tiny_spec):
+    run_simulated(tiny_spec, RunKey("base", 1), tmp_path)
+    s = pq.read_table(tmp_path / "runs" / "base-s1" / "samples.parquet").to_pydict()
+    assert s["t_s"] == [10.0 * i for i in range(61)]
+    for i in range(61):
+        assert s["sessions_in_system"][i] == (s["sessions_thinking"][i] + s["sessions_in_engine"][i]
+                                              + s["sessions_gateway_waiting"][i] + s["sessions_parked"][i])
+        assert 0.0 <= s["kv_usage"][i] <= 1.0
+        assert s["prefix_cache_hits_total"][i] <= s["prefix_cache_queries_total"][i]
+    assert s["sessions_arrived_total"][-1] >= s["sessions_completed_total"][-1] > 0
+
+
+def test_run_json_describes_the_run(tmp_path, tiny_spec):
+    run_simulated(tiny_spec, RunKey("burst", 2), tmp_path)
+    info = json.loads((tmp_path / "runs" / "burst-s2" / "run.json").read_text())
+    assert info["status"] == "completed" and info["seed"] == 2 and info["arm"] == "burst"
+    assert info["triggers"] == [{"kind": "burst", "start_s": 120.0, "end_s": 240.0}]
+    assert info["reference_trigger_end_s"] == 240.0
+    assert info["spec"]["seeds"] == [2] and info["loadgen_version"]
+    assert not (tmp_path / "runs" / "burst-s2" / PARTS_DIR).exists()
+
+
+def test_flush_trigger_preempts_and_empties_the_cache(tmp_path):
+    data = make_spec_dict()
+    data["arms"] = [{"name": "flush", "triggers": [{"kind": "flush", "at_s": 300}]}, {"name": "base"}]
+    data["workload"]["arrival_rate_per_s"] = 0.3
+    spec = parse_spec(data)
+    info = run_simulated(spec, RunKey("flush", 1), tmp_path)
+    run_simulated(spec, RunKey("base", 1), tmp_path)
+    (flushed_at,) = info["counts"]["flush_times_s"]
+    assert 300.0 <= flushed_at < 301.0  # applied at the next step boundary, as vLLM does
+    assert info["counts"]["engine_preemptions"] > 0  # requests running at the flush were preempted
+    t = _turns(tmp_path, "flush-s1").to_pydict()
+    b = _turns(tmp_path, "base-s1").to_pydict()
+
+    def resumed_after_flush(t):
+        """Turns k > 0 whose previous turn finished before the flush, admitted after it."""
+        finish = {(s, k): f for s, k, f in zip(t["session_id"], t["turn_index"], t["finish_s"])}
+        return {(s, k): c for s, k, a, c in zip(t["session_id"], t["turn_index"], t["admit_s"], t["cached_tokens"])
+                if k > 0 and a >= 300 and finish.get((s, k - 1), 1e9) < 300}
+
+    flushed, kept = resumed_after_flush(t), resumed_after_flush(b)
+    assert flushed
+    # the session's own context is gone: at most the shared system prompt was recomputed since
+    assert all(c <= 2000 for c in flushed.values())
+    assert all(kept[key] > 2000 for key in flushed if key in kept)
+
+
+def test_caching_off_is_a_control_with_zero_hits(tmp_path):
+    data = make_spec_dict()
+    data["engine"]["enable_prefix_caching"] = False
+    spec = parse_spec(data)
+    run_simulated(spec, RunKey("base", 1), tmp_path)
+    t = _turns(tmp_path, "base-s1").to_pydict()
+    assert len(t["cached_tokens"]) > 0 and set(t["cached_tokens"]) == {0}
+
+
+def test_run_keys_narrow_and_reject_unknown_seeds(tiny_spec):
+    assert [k.run_id for k in run_keys(tiny_spec, [2])] == ["base-s2", "burst-s2"]
+    with pytest.raises(ValueError, match="not in the spec"):
+        run_keys(tiny_spec, [99])
+
+
+def test_crashed_run_keeps_flushed_rows(tmp_path):
+    rec = RunRecorder(tmp_path, "r", "arm", 1, flush_interval_s=60)
+    for i in range(5):
+        rec.turn(i, 0, False, "synthetic", 1.0, 1.0, 2.0, 3.0, 100, 0, 10, 0, None)
+    rec.maybe_flush(61.0)  # a part file is on disk now
+    rec.turn(9, 0, False, "synthetic", 70.0, 70.0, 71.0, 72.0, 100, 0, 10, 0, None)
+    # the process dies here: no close(); recovery merges what was flushed
+    assert merge_parts(tmp_path)
+    t = pq.read_table(tmp_path / "turns.parquet")
+    assert t.column("session_id").to_pylist() == [0, 1, 2, 3, 4]
+    assert pq.read_table(tmp_path / "samples.parquet").num_rows == 0

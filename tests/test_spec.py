@@ -1,0 +1,87 @@
+import pytest
+
+from loadgen.spec import SpecError, load_spec, parse_seeds, parse_spec
+from tests.conftest import make_spec, make_spec_dict
+
+
+def test_minutes_are_accepted_and_converted():
+    data = make_spec_dict()
+    del data["duration_s"]
+    data["duration_min"] = 90
+    data["arms"][1]["triggers"][0] = {"kind": "burst", "extra_rate_factor": 1.5, "start_min": 15, "duration_min": 5}
+    spec = parse_spec(data)
+    assert spec.duration_s == 5400
+    assert spec.arms[1].triggers[0].window() == (900, 1200)
+
+
+@pytest.mark.parametrize("value,expected", [("501-503", [501, 502, 503]), ("1,4-5", [1, 4, 5]), (7, [7]),
+                                            ([3, 2], [3, 2])])
+def test_seed_forms(value, expected):
+    assert parse_seeds(value) == expected
+
+
+def _error(data) -> str:
+    with pytest.raises(SpecError) as info:
+        parse_spec(data, "my.yaml")
+    return str(info.value)
+
+
+def test_unknown_field_is_named():
+    msg = _error(make_spec_dict(colour="blue"))
+    assert "my.yaml" in msg and "colour" in msg and "unknown field" in msg
+
+
+def test_negative_rate_is_named():
+    data = make_spec_dict()
+    data["workload"]["arrival_rate_per_s"] = -1
+    msg = _error(data)
+    assert "workload.arrival_rate_per_s" in msg and "greater than 0" in msg
+
+
+def test_trigger_after_the_run_ends():
+    data = make_spec_dict()
+    data["arms"][1]["triggers"][0]["start_s"] = 590
+    msg = _error(data)
+    assert "arms[1].triggers[0]" in msg and "after the run" in msg
+
+
+def test_unknown_controller_lists_valid_ones():
+    msg = _error(make_spec_dict(controller={"name": "magic"}))
+    assert "magic" in msg and "'none'" in msg
+
+
+def test_unknown_session_kind():
+    data = make_spec_dict()
+    data["workload"]["sessions"]["kind"] = "tracelab-from-mars"
+    msg = _error(data)
+    assert "workload.sessions" in msg and "synthetic" in msg
+
+
+def test_pool_smaller_than_one_session():
+    data = make_spec_dict()
+    data["engine"]["pool_tokens"] = 6400
+    msg = _error(data)
+    assert "pool_tokens=6400" in msg and "smaller than one session" in msg
+
+
+def test_unknown_cost_preset_lists_presets():
+    data = make_spec_dict()
+    data["engine"]["cost_model"] = "gpt-9"
+    msg = _error(data)
+    assert "engine.cost_model" in msg and "qwen3-8b-mi300x" in msg
+
+
+def test_unreadable_and_non_mapping_files(tmp_path):
+    with pytest.raises(SpecError, match="cannot read spec"):
+        load_spec(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(SpecError, match="expected a mapping"):
+        load_spec(bad)
+
+
+def test_example_specs_are_valid():
+    from pathlib import Path
+
+    for path in sorted(Path(__file__).parents[1].joinpath("examples").glob("*.yaml")):
+        load_spec(path)
