@@ -119,12 +119,16 @@ def _start_session(clock: VirtualClock, plan, env: RunEnv) -> None:
 
 
 def _sample(env: RunEnv) -> None:
-    clock = env.clock
-    now = clock.now()
-    m = env.engine.metrics()
+    now = env.clock.now()
+    env.recorder.sample(sample_row(env, env.engine.metrics(), now))
+    env.recorder.maybe_flush(now)
+
+
+def sample_row(env: RunEnv, m, now: float) -> dict:
+    """One samples.parquet row from the session counts, the gateway and engine metrics ``m``."""
     c = env.counts
     pool = env.engine.pool_tokens
-    env.recorder.sample({
+    return {
         "t_s": now, "sessions_in_system": c.in_system, "sessions_thinking": c.thinking,
         "sessions_gateway_waiting": c.gateway_waiting, "sessions_parked": c.parked,
         "sessions_in_engine": c.in_engine, "num_running": m.num_running, "num_waiting": m.num_waiting,
@@ -136,8 +140,7 @@ def _sample(env: RunEnv) -> None:
         "turns_completed_total": env.recorder.turns_completed,
         "sessions_arrived_total": c.arrived_total, "sessions_completed_total": c.completed_total,
         "gateway_limit": env.gateway.limit(),
-    })
-    env.recorder.maybe_flush(now)
+    }
 
 
 def run_experiment(spec: ExperimentSpec, out_dir: Path, keys: list[RunKey], spec_dir: Optional[Path] = None,
