@@ -20,6 +20,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     spec = load_spec(args.spec)
+    if args.endpoint:
+        from .spec import OpenAIEngineSpec
+
+        previous = spec.engine.model_dump() if spec.engine.kind == "openai" else {}
+        previous.pop("kind", None)
+        engine = OpenAIEngineSpec(**{**previous, "url": args.endpoint, "model": args.model or previous.get("model")})
+        spec = spec.model_copy(update={"engine": engine})
+    elif args.model:
+        raise SpecError("--model needs --endpoint")
+    if args.time_scale is not None:
+        if args.time_scale <= 0:
+            raise SpecError(f"--time-scale must be > 0, got {args.time_scale}")
+        spec = spec.model_copy(update={"time_scale": args.time_scale})
     seeds = parse_seeds(args.seeds) if args.seeds else None
     arms = args.arms.split(",") if args.arms else None
     try:
@@ -95,6 +108,40 @@ def _cmd_cost_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve_sim(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .serve_sim import SimServer, serve
+    from .sim import EngineConfig, StepCostModel
+    from .spec import SimEngineSpec
+
+    if args.pool_tokens % args.block_size:
+        raise SpecError(f"--pool-tokens ({args.pool_tokens}) must be a multiple of --block-size ({args.block_size})")
+    if args.time_scale <= 0:
+        raise SpecError(f"--time-scale must be > 0, got {args.time_scale}")
+    try:
+        cost = (StepCostModel(0.0, 0.0, 0.0, 0.0, name="zero") if args.zero_cost
+                else SimEngineSpec(cost_model=args.cost_model).load_cost_model(Path.cwd()))
+    except ValueError as exc:
+        raise SpecError(f"--cost-model: {exc}") from None
+    config = EngineConfig(num_blocks=args.pool_tokens // args.block_size, block_size=args.block_size,
+                          max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+                          enable_prefix_caching=not args.no_prefix_caching)
+    server = SimServer(config, cost, time_scale=args.time_scale, model=args.model)
+
+    async def main() -> None:
+        await serve(server, args.host, args.port)
+        print(f"serve-sim: http://{args.host}:{args.port} (model {args.model!r}, pool {config.pool_tokens} tokens, "
+              f"cost {cost.name}, time x{args.time_scale:g})", flush=True)
+        await asyncio.Event().wait()
+
+    try:
+        asyncio.run(main())
+    except OSError as exc:
+        raise SpecError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="loadgen", description=__doc__)
     parser.add_argument("--version", action="version", version=f"agent-loadgen {__version__}")
@@ -108,7 +155,24 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-report", action="store_true", help="skip summary, table and figures")
     run.add_argument("--no-figures", action="store_true", help="summary and table only")
     run.add_argument("--quiet", action="store_true", help="no progress display")
+    run.add_argument("--endpoint", help="run against this OpenAI-compatible server instead of the spec's engine")
+    run.add_argument("--model", help="served model name (with --endpoint; default: the first one served)")
+    run.add_argument("--time-scale", type=float, help="compress every workload time X-fold (live runs)")
     run.set_defaults(func=_cmd_run)
+
+    serve = sub.add_parser("serve-sim", help="serve the simulated engine behind vLLM's HTTP API")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--time-scale", type=float, default=1.0, help="run the engine X times faster than real time")
+    serve.add_argument("--pool-tokens", type=int, default=400_000, help="KV pool C in tokens")
+    serve.add_argument("--block-size", type=int, default=16)
+    serve.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    serve.add_argument("--max-model-len", type=int, default=40960)
+    serve.add_argument("--cost-model", default="qwen3-8b-mi300x", help="preset name or cost.json path")
+    serve.add_argument("--zero-cost", action="store_true", help="every step takes no time (load-generator benchmarks)")
+    serve.add_argument("--no-prefix-caching", action="store_true")
+    serve.add_argument("--model", default="sim", help="the served model name")
+    serve.set_defaults(func=_cmd_serve_sim)
 
     report = sub.add_parser("report", help="rebuild summary.json, print the paired table, write figures")
     report.add_argument("dir", help="results directory written by `loadgen run`")

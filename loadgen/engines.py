@@ -37,6 +37,7 @@ class TurnResult:
     num_preemptions: int = 0
     error: Optional[str] = None
     output_token_ids: Optional[list[int]] = None
+    inter_token_gaps_s: tuple[float, ...] = ()  # between streamed chunks (live engines)
 
 
 @dataclass(frozen=True)

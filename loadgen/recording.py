@@ -2,8 +2,9 @@
 
 Rows are buffered in columns and written every ``flush_interval_s`` of run time as small,
 complete Parquet files under ``<run>/.parts/``; closing the run merges them into
-``turns.parquet`` and ``samples.parquet``. If the process dies mid-run, the parts on disk stay
-readable and ``recover_run`` merges them, so a crash loses at most one flush interval.
+``turns.parquet``, ``samples.parquet`` and ``sessions.parquet``. If the process dies mid-run,
+the parts on disk stay readable and ``recover_run`` merges them, so a crash loses at most one
+flush interval (and the rows of sessions still in the system, written only at close).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -24,6 +26,7 @@ TURN_SCHEMA = pa.schema([
     ("first_token_s", pa.float64()), ("finish_s", pa.float64()), ("prompt_tokens", pa.int64()),
     ("cached_tokens", pa.int64()), ("output_tokens", pa.int64()), ("gateway_wait_s", pa.float64()),
     ("num_preemptions", pa.int32()), ("error", pa.string()),
+    ("itl_mean_s", pa.float64()), ("itl_max_s", pa.float64()),
 ])
 
 SAMPLE_SCHEMA = pa.schema([
@@ -36,9 +39,18 @@ SAMPLE_SCHEMA = pa.schema([
     ("prefix_cache_hits_total", pa.int64()), ("num_preemptions_total", pa.int64()),
     ("turns_completed_total", pa.int64()), ("sessions_arrived_total", pa.int64()),
     ("sessions_completed_total", pa.int64()), ("gateway_limit", pa.float64()),
+    ("sessions_admitted", pa.int64()),
 ])
 
-TABLES = {"turns": TURN_SCHEMA, "samples": SAMPLE_SCHEMA}
+SESSION_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("arm", pa.string()), ("seed", pa.int64()),
+    ("session_id", pa.int64()), ("is_trigger_session", pa.bool_()), ("session_kind", pa.string()),
+    ("num_turns", pa.int32()), ("arrival_s", pa.float64()), ("first_admit_s", pa.float64()),
+    ("finish_s", pa.float64()), ("turns_completed", pa.int32()), ("num_parks", pa.int32()),
+    ("status", pa.string()),
+])
+
+TABLES = {"turns": TURN_SCHEMA, "samples": SAMPLE_SCHEMA, "sessions": SESSION_SCHEMA}
 PARTS_DIR = ".parts"
 
 
@@ -85,18 +97,48 @@ class RunRecorder:
         self._num_parts = {name: 0 for name in TABLES}
         self._turns = _Columns(TURN_SCHEMA)
         self._samples = _Columns(SAMPLE_SCHEMA)
+        self._sessions = _Columns(SESSION_SCHEMA)
+        self._open_sessions: dict[int, _OpenSession] = {}
         self.turns_completed = 0
+
+    # A session's row is written when it ends; ``close`` writes the rows of the sessions still
+    # in the system (status in_system), so a cohort's unfinished sessions are never missing.
+    def session_arrived(self, session_id: int, is_trigger: bool, kind: str, num_turns: int,
+                        arrival_s: float) -> None:
+        self._open_sessions[session_id] = _OpenSession(is_trigger, kind, num_turns, arrival_s)
+
+    def session_admitted(self, session_id: int, admit_s: float) -> None:
+        self._open_sessions[session_id].first_admit_s = admit_s
+
+    def session_parked(self, session_id: int) -> None:
+        self._open_sessions[session_id].num_parks += 1
+
+    def session_ended(self, session_id: int, end_s: float) -> None:
+        session = self._open_sessions.pop(session_id)
+        status = "completed" if session.turns_completed == session.num_turns else "failed"
+        self._session_row(session_id, session, end_s, status)
+
+    def _session_row(self, session_id: int, session: "_OpenSession", finish_s: float, status: str) -> None:
+        values = (self.run_id, self.arm, self.seed, session_id, session.is_trigger, session.kind,
+                  session.num_turns, session.arrival_s, session.first_admit_s, finish_s,
+                  session.turns_completed, session.num_parks, status)
+        for col, value in zip(self._sessions.cols, values):
+            col.append(value)
 
     def turn(self, session_id: int, turn_index: int, is_trigger: bool, kind: str, ready_s: float,
              admit_s: float, first_token_s: float, finish_s: float, prompt_tokens: int, cached_tokens: int,
-             output_tokens: int, num_preemptions: int, error: Optional[str]) -> None:
+             output_tokens: int, num_preemptions: int, error: Optional[str],
+             itl_mean_s: float = math.nan, itl_max_s: float = math.nan) -> None:
         values = (self.run_id, self.arm, self.seed, session_id, turn_index, is_trigger, kind, ready_s, admit_s,
                   first_token_s, finish_s, prompt_tokens, cached_tokens, output_tokens, admit_s - ready_s,
-                  num_preemptions, error)
+                  num_preemptions, error, itl_mean_s, itl_max_s)
         for col, value in zip(self._turns.cols, values):
             col.append(value)
         if error is None:
             self.turns_completed += 1
+            session = self._open_sessions.get(session_id)
+            if session is not None:
+                session.turns_completed += 1
 
     def sample(self, row: dict) -> None:
         row = {"run_id": self.run_id, **row}
@@ -109,7 +151,7 @@ class RunRecorder:
             self._next_flush_s = now_s + self.flush_interval_s
 
     def flush(self) -> None:
-        for name, columns in (("turns", self._turns), ("samples", self._samples)):
+        for name, columns in (("turns", self._turns), ("samples", self._samples), ("sessions", self._sessions)):
             if len(columns):
                 index = self._num_parts[name]
                 self._num_parts[name] += 1
@@ -119,8 +161,22 @@ class RunRecorder:
                 os.replace(tmp, path)
 
     def close(self) -> None:
+        for session_id, session in self._open_sessions.items():
+            self._session_row(session_id, session, math.nan, "in_system")
+        self._open_sessions.clear()
         self.flush()
         merge_parts(self.run_dir)
+
+
+@dataclass
+class _OpenSession:
+    is_trigger: bool
+    kind: str
+    num_turns: int
+    arrival_s: float
+    first_admit_s: float = math.nan
+    turns_completed: int = 0
+    num_parks: int = 0
 
 
 def merge_parts(run_dir: Path) -> bool:

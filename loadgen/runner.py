@@ -139,7 +139,7 @@ def sample_row(env: RunEnv, m, now: float) -> dict:
         "num_preemptions_total": m.num_preemptions_total,
         "turns_completed_total": env.recorder.turns_completed,
         "sessions_arrived_total": c.arrived_total, "sessions_completed_total": c.completed_total,
-        "gateway_limit": env.gateway.limit(),
+        "gateway_limit": env.gateway.limit(), "sessions_admitted": env.gateway.num_admitted,
     }
 
 
@@ -157,7 +157,12 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path, keys: list[RunKey], spec
             on_run_start(key)
         t0 = wall_time() if wall_time else 0.0
         try:
-            info = run_simulated(spec, key, out_dir, spec_dir)
+            if spec.engine.kind == "openai":
+                from .live import run_live
+
+                info = run_live(spec, key, out_dir)
+            else:
+                info = run_simulated(spec, key, out_dir, spec_dir)
         except Exception as exc:  # recorded in run.json; the experiment goes on
             info = {"run_id": key.run_id, "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
         results.append(info)

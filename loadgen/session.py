@@ -66,6 +66,27 @@ def hash_str(text: str) -> int:
     return h
 
 
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a session retries a failed turn: up to ``max_attempts`` tries, exponential backoff.
+    Client errors (HTTP 4xx other than 408 and 429) are not retried: they would fail again."""
+
+    max_attempts: int = 3
+    backoff_s: float = 1.0
+
+    def should_retry(self, attempt: int, error: str) -> bool:
+        if attempt >= self.max_attempts:
+            return False
+        return not (error.startswith("HttpStatusError: HTTP 4") and not error.startswith(
+            ("HttpStatusError: HTTP 408", "HttpStatusError: HTTP 429")))
+
+    def delay_s(self, attempt: int) -> float:
+        return self.backoff_s * 2 ** (attempt - 1)
+
+
+NO_RETRY = RetryPolicy(max_attempts=1)
+
+
 @dataclass
 class RunEnv:
     clock: Clock
@@ -73,6 +94,7 @@ class RunEnv:
     gateway: Gateway
     recorder: RunRecorder
     counts: SessionCounts = field(default_factory=SessionCounts)
+    retry: RetryPolicy = NO_RETRY
 
 
 async def run_session(plan: SessionPlan, env: RunEnv) -> None:
@@ -87,29 +109,40 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
     counts.in_system += 1
     counts.demand_tokens += demand
     ready = clock.now()
+    recorder.session_arrived(sid, plan.is_trigger, shape.kind, num_turns, ready)
     wait = gateway.arrive(sid, demand)
     if wait is not None:
         counts.gateway_waiting += 1
         await wait
         counts.gateway_waiting -= 1
+    recorder.session_admitted(sid, clock.now())
     for k in range(num_turns):
         if k:
             ready = clock.now()
             wait = gateway.before_turn(sid, demand)
             if wait is not None:
+                recorder.session_parked(sid)
                 counts.parked += 1
                 await wait
                 counts.parked -= 1
         admit = clock.now()
         output = shape.output_tokens[k]
-        counts.in_engine += 1
-        result = await engine.generate(TurnRequest(
-            sid, k, context, output, shape.shared_prefix_tokens, shape.prefix_key,
-            tokens.ids if tokens is not None else None))
-        counts.in_engine -= 1
-        recorder.turn(sid, k, plan.is_trigger, shape.kind, ready, admit, result.first_token_s, result.finish_s,
-                      result.prompt_tokens, result.cached_tokens, result.output_tokens, result.num_preemptions,
-                      result.error)
+        request = TurnRequest(sid, k, context, output, shape.shared_prefix_tokens, shape.prefix_key,
+                              tokens.ids if tokens is not None else None)
+        attempt = 0
+        while True:
+            attempt += 1
+            counts.in_engine += 1
+            result = await engine.generate(request)
+            counts.in_engine -= 1
+            gaps = result.inter_token_gaps_s
+            recorder.turn(sid, k, plan.is_trigger, shape.kind, ready, admit, result.first_token_s, result.finish_s,
+                          result.prompt_tokens, result.cached_tokens, result.output_tokens, result.num_preemptions,
+                          result.error, sum(gaps) / len(gaps) if gaps else math.nan, max(gaps) if gaps else math.nan)
+            if result.error is None or not env.retry.should_retry(attempt, result.error):
+                break
+            await clock.sleep(env.retry.delay_s(attempt))
+            ready = admit = clock.now()
         if result.error is not None:
             break  # the session cannot continue without this turn's output
         gateway.turn_completed(sid, result.finish_s - admit)
@@ -128,6 +161,7 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
             await clock.sleep(think)
             counts.thinking -= 1
     gateway.session_ended(sid)
+    recorder.session_ended(sid, clock.now())
     counts.in_system -= 1
     counts.demand_tokens -= demand
     counts.completed_total += 1

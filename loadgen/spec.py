@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from controllers import POLICIES
+from controllers import POLICIES, make_policy
 
 from .sim.cost import PRESETS, StepCostModel
 
@@ -85,7 +85,31 @@ class SimEngineSpec(_Model):
         return StepCostModel.from_file(path)
 
 
-EngineSpec = Annotated[Union[SimEngineSpec], Field(discriminator="kind")]
+class RetrySpec(_Model):
+    max_attempts: int = Field(3, ge=1, description="Tries per turn (first try included).")
+    backoff_s: float = Field(1.0, ge=0, description="Wait before the 2nd try; doubles after each failure.")
+
+
+class OpenAIEngineSpec(_Model):
+    """A real server: vLLM, SGLang or any OpenAI-compatible endpoint."""
+
+    kind: Literal["openai"] = "openai"
+    url: str = Field(..., pattern=r"^https?://", description="Base URL, e.g. http://127.0.0.1:8000")
+    model: Optional[str] = Field(None, description="Served model name; default: the first one /v1/models lists.")
+    api_key_env: Optional[str] = Field(None, description="Name of the environment variable holding the API key.")
+    pool_tokens: Optional[int] = Field(None, gt=0, description="KV pool C; default: read from the server's /metrics.")
+    prompt_mode: Literal["auto", "token_ids", "text"] = Field(
+        "auto", description="Send token-id prompts; 'auto' falls back to text if the server refuses ids.")
+    server: Literal["auto", "vllm", "sglang"] = Field("auto", description="Which flush API and metric names.")
+    request_timeout_s: float = Field(600.0, gt=0, description="Give up on one request after this long.")
+    retry: RetrySpec = Field(default_factory=RetrySpec, description="Per-turn retry policy.")
+    engine_gone_after_s: float = Field(
+        60.0, gt=0, description="End the run (status engine_lost) when every request failed for this long.")
+    max_connections: int = Field(4096, gt=0, description="Connection pool size.")
+    flush_before_run: bool = Field(True, description="Reset the prefix cache before each run (a fresh engine).")
+
+
+EngineSpec = Annotated[Union[SimEngineSpec, OpenAIEngineSpec], Field(discriminator="kind")]
 
 
 # ---------------------------------------------------------------- sessions
@@ -181,6 +205,11 @@ class ControllerSpec(_Model):
             raise ValueError(f"unknown controller {value!r}; valid controllers: {sorted(POLICIES)}")
         return value
 
+    @model_validator(mode="after")
+    def _params_make_a_policy(self) -> "ControllerSpec":
+        make_policy(self.name, **self.params)  # names the controller and its valid params
+        return self
+
 
 class ArmSpec(_Model):
     name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Arm name, used in run ids.")
@@ -225,6 +254,9 @@ class ExperimentSpec(_Model):
     controller: ControllerSpec = Field(default_factory=ControllerSpec)
     arms: list[ArmSpec] = Field(..., min_length=1, description="Arms share base arrivals; differ in triggers/controller.")
     recording: RecordingSpec = Field(default_factory=RecordingSpec)
+    time_scale: float = Field(
+        1.0, gt=0, description="Live runs only: every workload time (arrivals, think times, triggers, run length) "
+                               "is compressed this many times (use serve-sim at the same scale).")
 
     @field_validator("seeds", mode="before")
     @classmethod
@@ -275,7 +307,7 @@ class ExperimentSpec(_Model):
         return max(ends) if ends else None
 
 
-_KIND_TAGS = {"sim", "synthetic", "burst", "extra_sessions", "flush", "rate_change", "mix_shift"}
+_KIND_TAGS = {"sim", "openai", "synthetic", "burst", "extra_sessions", "flush", "rate_change", "mix_shift"}
 
 
 def _format_errors(exc: ValidationError, source: str) -> str:

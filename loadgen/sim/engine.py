@@ -63,7 +63,7 @@ class SimRequest:
     """One request: a prompt of ``num_prompt_tokens`` on ``stream`` (after a shared ``prefix``)."""
 
     __slots__ = (
-        "request_id", "prefix", "stream", "num_prompt_tokens", "max_tokens", "on_done", "context",
+        "request_id", "prefix", "stream", "num_prompt_tokens", "max_tokens", "on_done", "on_first_token", "context",
         "arrival_s", "first_token_s", "finish_s", "num_cached_tokens", "num_preemptions",
         "state", "num_tokens", "num_computed", "generated", "alloc_blocks", "admit_seq",
         "is_decoder", "g0", "nc0", "gen0", "residue", "is_builder", "prefix_hit_blocks",
@@ -78,6 +78,7 @@ class SimRequest:
         self.num_prompt_tokens = num_prompt_tokens
         self.max_tokens = max_tokens
         self.on_done = on_done
+        self.on_first_token: Optional[Callable[["SimRequest"], Any]] = None  # live serving only
         self.context = context
         self.arrival_s = math.nan
         self.first_token_s: Optional[float] = None
@@ -124,6 +125,7 @@ class SimEngine:
         self._inflight_end: Optional[float] = None
         self._next_start: Optional[float] = None
         self._done: list[SimRequest] = []  # finishing at the end of the in-flight step
+        self._first: list[SimRequest] = []  # first token at the end of the in-flight step (with on_first_token)
         self._flush_requested = False
         self.flush_times_s: list[float] = []
         # vLLM-like counters (token counters, like vllm:prefix_cache_*_total)
@@ -188,6 +190,10 @@ class SimEngine:
                     return
                 self._inflight_end = None
                 self._next_start = end
+                if self._first:
+                    first, self._first = self._first, []
+                    for req in first:
+                        req.on_first_token(req)
                 if self._done:
                     done, self._done = self._done, []
                     for req in done:
@@ -212,7 +218,7 @@ class SimEngine:
         end = self._inflight_end
         if end is None:
             return None
-        if self._done or self._flush_requested or not self._can_stretch():
+        if self._done or self._first or self._flush_requested or not self._can_stretch():
             return end
         num_steps = self._stretch_len(end, None)
         if num_steps == 0:
@@ -392,6 +398,8 @@ class SimEngine:
             req.generated += 1
             if req.first_token_s is None:
                 req.first_token_s = end
+                if req.on_first_token is not None:
+                    self._first.append(req)
             if req.generated >= req.max_tokens:
                 req.num_tokens = req.num_prompt_tokens + req.generated
                 self._finish(req, req.num_computed)

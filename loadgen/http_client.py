@@ -1,0 +1,457 @@
+"""The engine seam for real servers: vLLM, SGLang or any OpenAI-compatible endpoint.
+
+Two layers:
+
+* ``Transport``: the one seam to the network (``request`` and ``stream_lines``). The default,
+  ``AiohttpTransport``, pools keep-alive connections for thousands of concurrent sessions;
+  ``MockTransport`` (tests) answers from a handler function, like httpx's MockTransport.
+* ``OpenAIEngineClient``: the ``EngineClient`` sessions talk to. Each turn is one streamed
+  ``/v1/completions`` request with a token-id prompt (text as a fallback), ``ignore_eos`` and a
+  fixed output length; it records time to first token and inter-token gaps, reads cached tokens
+  from ``usage.prompt_tokens_details.cached_tokens`` (a missing field means 0, as vLLM omits it
+  when nothing hit), and, when the server returns generated ids (vLLM ``return_token_ids``),
+  hands them back so the next turn appends exactly what the engine cached.
+
+Failures (HTTP errors, timeouts, resets, a dead server) become a ``TurnResult`` with ``error``
+set; whether to retry is the session's policy. The API key comes from an environment variable
+and is never logged or recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Protocol
+
+import orjson
+
+from .clock import Clock
+from .engines import EngineMetrics, TurnRequest, TurnResult
+
+
+class TransportError(Exception):
+    """The request did not complete: connection refused/reset, timeout, bad stream."""
+
+
+class HttpStatusError(Exception):
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status}: {body[:300]}")
+        self.status = status
+        self.body = body
+
+
+class Transport(Protocol):
+    async def request(self, method: str, url: str, body: Optional[bytes], headers: dict,
+                      timeout_s: float) -> tuple[int, bytes]: ...
+
+    def stream_lines(self, url: str, body: bytes, headers: dict, timeout_s: float) -> AsyncIterator[bytes]: ...
+
+    async def close(self) -> None: ...
+
+
+class AiohttpTransport:
+    """aiohttp with one pooled session (measured fastest behind this seam; see benchmarks/)."""
+
+    def __init__(self, max_connections: int = 4096) -> None:
+        self.max_connections = max_connections
+        self._session = None
+
+    def _get(self):
+        if self._session is None:
+            import aiohttp
+
+            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=300,
+                                             enable_cleanup_closed=True)
+            self._session = aiohttp.ClientSession(connector=connector, json_serialize=lambda o: orjson.dumps(o).decode())
+        return self._session
+
+    async def request(self, method, url, body, headers, timeout_s):
+        import aiohttp
+
+        try:
+            async with self._get().request(method, url, data=body, headers=headers,
+                                           timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                return resp.status, await resp.read()
+        except asyncio.TimeoutError:
+            raise TransportError(f"timeout after {timeout_s:g} s") from None
+        except aiohttp.ClientError as exc:
+            raise TransportError(f"{type(exc).__name__}: {exc}") from None
+
+    async def stream_lines(self, url, body, headers, timeout_s):
+        import aiohttp
+
+        try:
+            async with self._get().post(url, data=body, headers=headers,
+                                        timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                if resp.status >= 400:
+                    raise HttpStatusError(resp.status, (await resp.read()).decode(errors="replace"))
+                async for line in resp.content:
+                    yield line
+        except asyncio.TimeoutError:
+            raise TransportError(f"timeout after {timeout_s:g} s") from None
+        except aiohttp.ClientError as exc:
+            raise TransportError(f"{type(exc).__name__}: {exc}") from None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+@dataclass
+class MockResponse:
+    status: int = 200
+    json: Any = None
+    text: str = ""
+    lines: list = field(default_factory=list)  # SSE lines (bytes or str) for streamed requests
+    delay_s: float = 0.0
+
+
+class MockTransport:
+    """Test double at the transport seam: ``handler(method, path, json_body) -> MockResponse``."""
+
+    def __init__(self, handler: Callable[[str, str, Any], Awaitable[MockResponse] | MockResponse]) -> None:
+        self.handler = handler
+        self.calls: list[tuple[str, str, Any, dict]] = []
+
+    async def _respond(self, method, url, body, headers) -> MockResponse:
+        path = "/" + url.split("://", 1)[-1].split("/", 1)[-1]
+        payload = orjson.loads(body) if body else None
+        self.calls.append((method, path, payload, dict(headers)))
+        resp = self.handler(method, path, payload)
+        if asyncio.iscoroutine(resp):
+            resp = await resp
+        if isinstance(resp, Exception):
+            raise resp
+        if resp.delay_s:
+            await asyncio.sleep(resp.delay_s)
+        return resp
+
+    async def _respond_within(self, method, url, body, headers, timeout_s) -> MockResponse:
+        try:
+            return await asyncio.wait_for(self._respond(method, url, body, headers), timeout_s)
+        except asyncio.TimeoutError:
+            raise TransportError(f"timeout after {timeout_s:g} s") from None
+
+    async def request(self, method, url, body, headers, timeout_s):
+        resp = await self._respond_within(method, url, body, headers, timeout_s)
+        data = orjson.dumps(resp.json) if resp.json is not None else resp.text.encode()
+        return resp.status, data
+
+    async def stream_lines(self, url, body, headers, timeout_s):
+        resp = await self._respond_within("POST", url, body, headers, timeout_s)
+        if resp.status >= 400:
+            raise HttpStatusError(resp.status, resp.text or orjson.dumps(resp.json).decode())
+        for line in resp.lines:
+            yield line if isinstance(line, bytes) else line.encode()
+
+    async def close(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------- metrics
+VLLM_METRICS = {
+    "num_running": "vllm:num_requests_running",
+    "num_waiting": "vllm:num_requests_waiting",
+    "kv_usage": "vllm:kv_cache_usage_perc",
+    "prefix_cache_queries_total": "vllm:prefix_cache_queries",
+    "prefix_cache_hits_total": "vllm:prefix_cache_hits",
+    "num_preemptions_total": "vllm:num_preemptions",
+}
+SGLANG_METRICS = {
+    "num_running": "sglang:num_running_reqs",
+    "num_waiting": "sglang:num_queue_reqs",
+    "kv_usage": "sglang:token_usage",
+    "prefix_cache_queries_total": "sglang:prompt_tokens",
+    "prefix_cache_hits_total": "sglang:cached_tokens",
+    "num_preemptions_total": "sglang:num_retracted_reqs",
+}
+
+
+@dataclass(frozen=True)
+class ScrapedMetrics:
+    metrics: EngineMetrics
+    pool_tokens: Optional[int]
+    block_size: Optional[int]
+    server: str  # "vllm" | "sglang" | "unknown"
+
+
+def parse_metrics(text: str) -> ScrapedMetrics:
+    """vLLM's or SGLang's /metrics (Prometheus text) into the sampled gauges and counters."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values: dict[str, float] = {}
+    pool_tokens = block_size = None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name
+            if name.endswith("_created"):
+                continue
+            base = name[:-6] if name.endswith("_total") else name
+            values[base] = values.get(base, 0.0) + sample.value  # sums over labels (e.g. engine index)
+            if family.name == "vllm:cache_config_info":
+                labels = sample.labels
+                if "num_gpu_blocks" in labels and labels["num_gpu_blocks"] not in ("", "None"):
+                    block_size = int(labels.get("block_size", 16))
+                    pool_tokens = int(labels["num_gpu_blocks"]) * block_size
+    server = "vllm" if any(k.startswith("vllm:") for k in values) else (
+        "sglang" if any(k.startswith("sglang:") for k in values) else "unknown")
+    names = SGLANG_METRICS if server == "sglang" else VLLM_METRICS
+
+    def get(key: str) -> float:
+        return values.get(names[key], math.nan)
+
+    def count(key: str) -> int:
+        v = get(key)
+        return -1 if math.isnan(v) else int(v)
+
+    if server == "sglang" and "sglang:max_total_num_tokens" in values:
+        pool_tokens = int(values["sglang:max_total_num_tokens"])
+    metrics = EngineMetrics(count("num_running"), count("num_waiting"), get("kv_usage"),
+                            count("prefix_cache_queries_total"), count("prefix_cache_hits_total"),
+                            count("num_preemptions_total"))
+    return ScrapedMetrics(metrics, pool_tokens, block_size, server)
+
+
+# ---------------------------------------------------------------------- client
+class PreflightError(RuntimeError):
+    """The endpoint cannot run this experiment; the message says what to change."""
+
+
+@dataclass
+class EndpointOptions:
+    url: str
+    model: Optional[str] = None
+    api_key: Optional[str] = None
+    prompt_mode: str = "auto"  # token_ids | text | auto (token ids, text if the server refuses them)
+    request_timeout_s: float = 600.0
+    return_token_ids: bool = True
+    server: str = "auto"  # vllm | sglang | auto: which flush and metric names to use
+
+
+class OpenAIEngineClient:
+    """``EngineClient`` over an OpenAI-compatible HTTP server."""
+
+    needs_token_ids = True
+
+    def __init__(self, clock: Clock, options: EndpointOptions, transport: Optional[Transport] = None,
+                 pool_tokens: int = 0) -> None:
+        self.clock = clock
+        self.options = options
+        self.base = options.url.rstrip("/")
+        self.transport = transport or AiohttpTransport()
+        self.pool_tokens = pool_tokens
+        self.model = options.model
+        self.prompt_mode = options.prompt_mode
+        self.server = options.server
+        self.max_model_len: Optional[int] = None
+        self.flush_times_s: list[float] = []
+        self.last_metrics: Optional[ScrapedMetrics] = None
+        self.consecutive_failures = 0
+        self.first_failure_s: Optional[float] = None
+        self._headers = {"Content-Type": "application/json"}
+        if options.api_key:
+            self._headers["Authorization"] = f"Bearer {options.api_key}"
+
+    # ---------------------------------------------------------------- plumbing
+    async def _json(self, method: str, path: str, payload: Any = None, timeout_s: float = 30.0) -> Any:
+        body = orjson.dumps(payload) if payload is not None else None
+        status, data = await self.transport.request(method, self.base + path, body, self._headers, timeout_s)
+        if status >= 400:
+            raise HttpStatusError(status, data.decode(errors="replace"))
+        try:
+            return orjson.loads(data) if data else None
+        except orjson.JSONDecodeError:
+            return data.decode(errors="replace")
+
+    def _body(self, request: TurnRequest, prompt: Any, stream: bool = True) -> dict:
+        body = {"model": self.model, "prompt": prompt, "max_tokens": request.max_tokens,
+                "min_tokens": request.max_tokens, "ignore_eos": True, "temperature": 0.0, "stream": stream}
+        if stream:
+            body["stream_options"] = {"include_usage": True, "continuous_usage_stats": False}
+        if self.options.return_token_ids:
+            body["return_token_ids"] = True
+        return body
+
+    def _prompt(self, request: TurnRequest) -> Any:
+        ids = request.token_ids
+        if ids is None:
+            raise ValueError("the HTTP engine needs token ids in TurnRequest.token_ids")
+        if self.prompt_mode == "text":
+            return " ".join(f"t{i}" for i in ids)  # one word per token id: same length, same reuse
+        return ids
+
+    # ---------------------------------------------------------------- a turn
+    async def generate(self, request: TurnRequest) -> TurnResult:
+        clock = self.clock
+        submitted = clock.now()
+        first = math.nan
+        last = submitted
+        gaps: list[float] = []
+        output_ids: list[int] = []
+        num_chunks_text = 0
+        usage = None
+        headers = self._headers
+        if request.shared_prefix_tokens:
+            # a hint only our own serve-sim reads; real servers ignore unknown headers
+            headers = {**headers, "X-Loadgen-Prefix-Tokens": str(request.shared_prefix_tokens)}
+        body = orjson.dumps(self._body(request, self._prompt(request)))
+        try:
+            async for raw in self.transport.stream_lines(self.base + "/v1/completions", body, headers,
+                                                         self.options.request_timeout_s):
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                chunk = orjson.loads(data)
+                if chunk.get("error"):
+                    raise HttpStatusError(int(chunk["error"].get("code") or 500), str(chunk["error"]))
+                for choice in chunk.get("choices") or ():
+                    ids = choice.get("token_ids")
+                    if ids or choice.get("text"):
+                        now = clock.now()
+                        if math.isnan(first):
+                            first = now
+                        else:
+                            gaps.append(now - last)
+                        last = now
+                        num_chunks_text += 1
+                        if ids:
+                            output_ids.extend(ids)
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+        except (TransportError, HttpStatusError, orjson.JSONDecodeError, ValueError) as exc:
+            return self._failed(request, submitted, first, f"{type(exc).__name__}: {exc}")
+        finish = clock.now()
+        if usage is None:
+            return self._failed(request, submitted, first, "stream ended without usage (is stream_options supported?)")
+        self.consecutive_failures = 0
+        self.first_failure_s = None
+        details = usage.get("prompt_tokens_details") or {}
+        cached = int(details.get("cached_tokens") or 0)
+        meta = usage.get("meta_info") or {}
+        cached = int(meta.get("cached_tokens", cached))
+        return TurnResult(submitted, first, finish, int(usage.get("prompt_tokens", request.prompt_tokens)), cached,
+                          int(usage.get("completion_tokens", len(output_ids))), 0, None,
+                          output_ids if output_ids else None, tuple(gaps))
+
+    def _failed(self, request: TurnRequest, submitted: float, first: float, error: str) -> TurnResult:
+        now = self.clock.now()
+        self.consecutive_failures += 1
+        if self.first_failure_s is None:
+            self.first_failure_s = now
+        return TurnResult(submitted, first, now, request.prompt_tokens, 0, 0, 0, error)
+
+    def engine_gone(self, now_s: float, after_s: float) -> bool:
+        """Every request has failed for ``after_s`` seconds: the engine is gone."""
+        return self.first_failure_s is not None and now_s - self.first_failure_s >= after_s
+
+    # ---------------------------------------------------------------- metrics, flush
+    async def scrape(self) -> ScrapedMetrics:
+        status, data = await self.transport.request("GET", self.base + "/metrics", None, self._headers, 10.0)
+        if status >= 400:
+            raise HttpStatusError(status, data.decode(errors="replace"))
+        scraped = parse_metrics(data.decode(errors="replace"))
+        self.last_metrics = scraped
+        return scraped
+
+    async def metrics_async(self) -> EngineMetrics:
+        try:
+            return (await self.scrape()).metrics
+        except (TransportError, HttpStatusError, ValueError):
+            return EngineMetrics(-1, -1, math.nan, -1, -1, -1)
+
+    async def flush_async(self) -> float:
+        """Reset the server's prefix cache, preempting running requests; returns when it happened."""
+        server = self.server
+        if server in ("vllm", "auto"):
+            try:
+                await self._json("POST", "/reset_prefix_cache?reset_running_requests=true", None)
+                self.flush_times_s.append(self.clock.now())
+                return self.flush_times_s[-1]
+            except HttpStatusError as exc:
+                if exc.status != 404 or server == "vllm":
+                    raise PreflightError(
+                        f"{self.base}/reset_prefix_cache refused ({exc}); vLLM serves it only with "
+                        "VLLM_SERVER_DEV_MODE=1 in the server's environment") from None
+        # SGLang refuses /flush_cache while requests run: retry until it is idle
+        while True:
+            try:
+                await self._json("POST", "/flush_cache", None)
+                self.flush_times_s.append(self.clock.now())
+                return self.flush_times_s[-1]
+            except HttpStatusError as exc:
+                if exc.status == 404:
+                    raise PreflightError(f"{self.base} has neither /reset_prefix_cache nor /flush_cache") from None
+                await asyncio.sleep(0.2)
+
+    # ---------------------------------------------------------------- preflight
+    async def preflight(self, needed_context_tokens: int = 0, pool_tokens: Optional[int] = None) -> dict:
+        """Before any load: reachable, model served, token-id prompts accepted, cached tokens
+        reported, pool size known. Raises PreflightError with what to fix."""
+        try:
+            models = await self._json("GET", "/v1/models")
+        except (TransportError, HttpStatusError) as exc:
+            raise PreflightError(f"{self.base} is not reachable: {exc}") from None
+        served = [m.get("id") for m in (models or {}).get("data", [])]
+        if self.model is None:
+            if not served:
+                raise PreflightError(f"{self.base}/v1/models lists no model")
+            self.model = served[0]
+        elif self.model not in served:
+            raise PreflightError(f"model {self.model!r} is not served by {self.base}; it serves {served}")
+        for m in models.get("data", []):
+            if m.get("id") == self.model and m.get("max_model_len"):
+                self.max_model_len = int(m["max_model_len"])
+        if self.max_model_len and needed_context_tokens > self.max_model_len:
+            raise PreflightError(f"sessions reach {needed_context_tokens} tokens but {self.model} serves at most "
+                                 f"{self.max_model_len} (--max-model-len)")
+        probe = TurnRequest(-1, 0, 512, 2, token_ids=[(i * 7919) % 29989 + 1 for i in range(512)])
+        results = []
+        for attempt in range(3):  # the first requests after a start can be slow: warm up too
+            if self.prompt_mode == "auto":
+                self.prompt_mode = "token_ids"
+            result = await self.generate(probe)
+            if result.error and self.options.prompt_mode == "auto" and "HTTP 400" in result.error:
+                self.prompt_mode = "text"
+                result = await self.generate(probe)
+            if result.error:
+                raise PreflightError(f"a probe completion to {self.base} failed: {result.error}")
+            results.append(result)
+        if self.options.prompt_mode == "auto" and self.prompt_mode == "auto":
+            self.prompt_mode = "token_ids"
+        if all(r.cached_tokens == 0 for r in results[1:]):
+            raise PreflightError(
+                f"{self.base} reports no cached prompt tokens for a repeated prompt: start vLLM with "
+                "--enable-prefix-caching --enable-prompt-tokens-details, or SGLang with --enable-cache-report")
+        try:
+            scraped = await self.scrape()
+            self.server = scraped.server if self.server == "auto" else self.server
+        except (TransportError, HttpStatusError, ValueError):
+            scraped = None
+        pool = pool_tokens or (scraped.pool_tokens if scraped else None)
+        if not pool:
+            raise PreflightError(f"the KV pool size of {self.base} is unknown (no vllm:cache_config_info in "
+                                 "/metrics): give engine.pool_tokens in the spec")
+        self.pool_tokens = pool
+        self.consecutive_failures = 0
+        self.first_failure_s = None
+        return {"model": self.model, "prompt_mode": self.prompt_mode, "pool_tokens": pool,
+                "server": self.server, "max_model_len": self.max_model_len,
+                "probe_cached_tokens": [r.cached_tokens for r in results]}
+
+    async def close(self) -> None:
+        await self.transport.close()
+
+
+def api_key_from_env(var: Optional[str]) -> Optional[str]:
+    if not var:
+        return None
+    value = os.environ.get(var)
+    if not value:
+        raise PreflightError(f"engine.api_key_env names ${var}, which is not set")
+    return value

@@ -1,0 +1,143 @@
+"""Runs against a real endpoint in wall-clock time: the same sessions, gateway and recording.
+
+Only the two seams change: a ``WallClock`` (optionally time-scaled) and an
+``OpenAIEngineClient``. Before any load the endpoint is preflighted; during the run the
+server's /metrics is scraped into samples.parquet; failed turns are recorded and retried per
+the spec; a run whose engine stops answering ends with status ``engine_lost``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+from typing import Optional
+
+from controllers import make_policy
+
+from . import __version__
+from .clock import WallClock
+from .gateway import Gateway
+from .http_client import EndpointOptions, OpenAIEngineClient, PreflightError, Transport, api_key_from_env
+from .recording import RunRecorder, write_json_atomic
+from .session import RetryPolicy, RunEnv, run_session
+from .spec import ExperimentSpec, FlushTrigger, OpenAIEngineSpec
+from .workload import plan_sessions
+
+
+def endpoint_options(engine: OpenAIEngineSpec) -> EndpointOptions:
+    return EndpointOptions(url=engine.url, model=engine.model, api_key=api_key_from_env(engine.api_key_env),
+                           prompt_mode=engine.prompt_mode, request_timeout_s=engine.request_timeout_s,
+                           server=engine.server)
+
+
+def max_context_tokens(spec: ExperimentSpec) -> int:
+    shapes = [spec.workload.sessions] + [t.sessions for a in spec.arms for t in a.triggers if t.kind == "mix_shift"]
+    return max(s.max_context_tokens() for s in shapes)
+
+
+def run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optional[Transport] = None) -> dict:
+    """One run (arm x seed) against ``spec.engine`` (an OpenAIEngineSpec); returns its run.json."""
+    return asyncio.run(_run_live(spec, key, Path(out_dir), transport))
+
+
+async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optional[Transport]) -> dict:
+    engine_spec: OpenAIEngineSpec = spec.engine
+    arm = spec.arm(key.arm)
+    ctl = spec.controller_for(arm)
+    run_dir = out_dir / "runs" / key.run_id
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    info = {
+        "run_id": key.run_id, "experiment": spec.experiment, "arm": key.arm, "seed": key.seed,
+        "status": "running", "error": None, "duration_s": spec.duration_s, "pool_tokens": engine_spec.pool_tokens,
+        "engine": "openai", "endpoint": engine_spec.url, "time_scale": spec.time_scale,
+        "controller": ctl.name, "control_start_s": ctl.start_s,
+        "triggers": [{"kind": t.kind, "start_s": t.window()[0], "end_s": t.window()[1]} for t in arm.triggers],
+        "reference_trigger_end_s": spec.reference_trigger_end_s(),
+        "loadgen_version": __version__, "spec": {**spec.model_dump(mode="json"), "seeds": [key.seed]},
+    }
+    write_json_atomic(run_dir / "run.json", info)
+    client = OpenAIEngineClient(WallClock(spec.time_scale), endpoint_options(engine_spec), transport)
+    try:
+        info["preflight"] = await client.preflight(max_context_tokens(spec), engine_spec.pool_tokens)
+        info["pool_tokens"] = client.pool_tokens
+        if engine_spec.flush_before_run:
+            try:
+                await client.flush_async()
+                info["flushed_before_run"] = True
+            except PreflightError as exc:
+                info["flushed_before_run"] = f"no: {exc}"
+            client.flush_times_s.clear()
+    except PreflightError as exc:
+        info.update(status="failed", error=f"preflight: {exc}")
+        write_json_atomic(run_dir / "run.json", info)
+        await client.close()
+        raise
+
+    clock = WallClock(spec.time_scale)  # run time 0 is now, after the preflight
+    client.clock = clock
+    gateway = Gateway(clock, make_policy(ctl.name, **ctl.params), client.pool_tokens, ctl.start_s)
+    recorder = RunRecorder(run_dir, key.run_id, key.arm, key.seed, spec.recording.flush_interval_s)
+    retry = RetryPolicy(engine_spec.retry.max_attempts, engine_spec.retry.backoff_s)
+    env = RunEnv(clock, client, gateway, recorder, retry=retry)
+    tasks: set[asyncio.Task] = set()
+    stop = asyncio.Event()
+    flush_errors: list[str] = []
+
+    def start(plan) -> None:
+        task = clock.spawn(run_session(plan, env))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def flush() -> None:
+        try:
+            await client.flush_async()
+        except PreflightError as exc:
+            flush_errors.append(str(exc))
+
+    for plan in plan_sessions(spec, arm, key.seed):
+        clock.call_at(plan.arrival_s, start, plan)
+    for trig in arm.triggers:
+        if isinstance(trig, FlushTrigger):
+            clock.call_at(trig.at_s, lambda: tasks.add(clock.spawn(flush())))
+
+    async def sampler() -> None:
+        from .runner import sample_row
+
+        interval = spec.recording.sample_interval_s
+        i = 0
+        while i * interval <= spec.duration_s + 1e-9:
+            await clock.sleep(i * interval - clock.now())
+            now = clock.now()
+            recorder.sample(sample_row(env, await client.metrics_async(), now))
+            recorder.maybe_flush(now)
+            # run time runs time_scale x faster than the wall clock the engine lives on
+            if client.engine_gone(now, engine_spec.engine_gone_after_s * spec.time_scale):
+                info["status_reason"] = (f"every request failed since t={client.first_failure_s:.1f} s "
+                                         f"(> {engine_spec.engine_gone_after_s:g} s)")
+                stop.set()
+                return
+            i += 1
+
+    sampler_task = asyncio.ensure_future(sampler())
+    try:
+        await asyncio.wait([asyncio.ensure_future(stop.wait()),
+                            asyncio.ensure_future(asyncio.sleep(spec.duration_s / spec.time_scale))],
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        sampler_task.cancel()
+        for task in list(tasks):
+            task.cancel()
+        await asyncio.gather(sampler_task, *tasks, return_exceptions=True)
+        recorder.close()
+        await client.close()
+    c = env.counts
+    info.update(status="engine_lost" if stop.is_set() else "completed",
+                error=info.get("status_reason") if stop.is_set() else None,
+                counts={"sessions_arrived": c.arrived_total, "sessions_completed": c.completed_total,
+                        "turns_completed": recorder.turns_completed, "flush_times_s": client.flush_times_s,
+                        "flush_errors": flush_errors})
+    write_json_atomic(run_dir / "run.json", info)
+    return info

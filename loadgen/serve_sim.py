@@ -1,0 +1,272 @@
+"""``loadgen serve-sim``: the simulated engine behind vLLM's HTTP API, in (scaled) real time.
+
+Endpoints: ``/v1/completions`` (token-id or text prompts, streamed or not, ``usage`` with
+``prompt_tokens_details.cached_tokens`` as vLLM reports it, ``return_token_ids``),
+``/v1/models``, ``/health``, ``/metrics`` (vLLM's names, ``vllm:cache_config_info`` included)
+and ``POST /reset_prefix_cache``. Bound to 127.0.0.1 unless told otherwise.
+
+The simulated engine reasons about streams, not tokens, so requests are mapped onto streams by
+content: block hashes chained as vLLM chains them. A request whose prompt covers every block
+recorded for a stream (and extends it) continues that stream; anything else starts a new
+one. The shared-prefix boundary comes from the ``X-Loadgen-Prefix-Tokens`` header that
+loadgen's client sends (real servers ignore it); without it nothing is shared across streams.
+So loadgen's append-only sessions get exactly the simulated engine's hits; a client that forks
+or rewrites a context gets fewer hits than vLLM would give it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from typing import Optional
+
+import numpy as np
+import orjson
+
+from .clock import WallClock
+from .engines import SimEngineClient
+from .sim import EngineConfig, SimRequest, StepCostModel
+
+
+class PromptMapper:
+    """Token-id prompts onto (prefix stream, own stream) by chained block hashes."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._block_owner: dict[int, tuple[int, int]] = {}  # chained hash -> (stream id, block index)
+        self._stream_blocks: dict[int, int] = {}  # stream id -> blocks recorded
+        self._busy: set[int] = set()
+        self._ids = itertools.count()
+
+    def chained_hashes(self, token_ids: list[int]) -> list[int]:
+        bs = self.block_size
+        out = []
+        h = 0
+        for j in range(len(token_ids) // bs):
+            h = hash((h, tuple(token_ids[j * bs:(j + 1) * bs])))
+            out.append(h)
+        return out
+
+    def map(self, token_ids: list[int], prefix_tokens: int) -> tuple[Optional[tuple], int, int]:
+        """(prefix key or None, prefix tokens used, own stream id); the stream is busy until
+        ``record`` or ``release``."""
+        hashes = self.chained_hashes(token_ids)
+        prefix_blocks = prefix_tokens // self.block_size if prefix_tokens else 0
+        prefix_blocks = min(prefix_blocks, len(hashes))
+        prefix_key = ("prefix", hashes[prefix_blocks - 1]) if prefix_blocks else None
+        stream = None
+        for j in range(len(hashes) - 1, prefix_blocks - 1, -1):
+            owner = self._block_owner.get(hashes[j])
+            if owner is not None:
+                sid, index = owner
+                if index == j and self._stream_blocks.get(sid) == j + 1 and sid not in self._busy:
+                    stream = sid
+                break
+        if stream is None:
+            stream = next(self._ids)
+            self._stream_blocks[stream] = prefix_blocks
+        self._busy.add(stream)
+        return prefix_key, prefix_blocks * self.block_size, stream
+
+    def release(self, stream: int) -> None:
+        self._busy.discard(stream)
+
+    def record(self, stream: int, hashes: list[int]) -> None:
+        """After a turn: the stream's content now covers these blocks (prompt + output)."""
+        start = self._stream_blocks.get(stream, 0)
+        for j in range(start, len(hashes)):
+            self._block_owner[hashes[j]] = (stream, j)
+        self._stream_blocks[stream] = max(start, len(hashes))
+        self._busy.discard(stream)
+
+
+def text_to_ids(text: str, vocab: int = 30000) -> list[int]:
+    """A stand-in tokenizer for text prompts: one token per whitespace-separated word."""
+    return [hash(word) % (vocab - 1) + 1 for word in text.split()]
+
+
+class SimServer:
+    def __init__(self, config: EngineConfig, cost: StepCostModel, time_scale: float = 1.0,
+                 model: str = "sim", seed: int = 0) -> None:
+        self.config = config
+        self.cost = cost
+        self.time_scale = time_scale
+        self.model = model
+        self._rng = np.random.Generator(np.random.PCG64(seed))
+        self.client: Optional[SimEngineClient] = None
+        self.mapper = PromptMapper(config.block_size)
+        self._ids = itertools.count(1)
+
+    def _engine(self) -> SimEngineClient:
+        if self.client is None:  # needs the running loop
+            self.client = SimEngineClient(WallClock(self.time_scale), self.config, self.cost)
+        return self.client
+
+    def app(self):
+        from aiohttp import web
+
+        app = web.Application(client_max_size=64 * 2**20)
+        app.add_routes([
+            web.get("/health", self.health), web.get("/v1/models", self.models), web.get("/metrics", self.metrics),
+            web.post("/v1/completions", self.completions), web.post("/reset_prefix_cache", self.reset),
+        ])
+        return app
+
+    async def health(self, request):
+        from aiohttp import web
+
+        return web.Response(text="")
+
+    async def models(self, request):
+        from aiohttp import web
+
+        return web.json_response({"object": "list", "data": [
+            {"id": self.model, "object": "model", "owned_by": "agent-loadgen", "max_model_len": self.config.max_model_len}]})
+
+    async def reset(self, request):
+        from aiohttp import web
+
+        self._engine().flush()
+        return web.Response(text="")
+
+    async def metrics(self, request):
+        from aiohttp import web
+
+        client = self._engine()
+        m = client.metrics()
+        eng = client.engine
+        c = self.config
+        lines = [
+            "# TYPE vllm:num_requests_running gauge", f'vllm:num_requests_running{{model_name="{self.model}"}} {m.num_running}',
+            "# TYPE vllm:num_requests_waiting gauge", f'vllm:num_requests_waiting{{model_name="{self.model}"}} {m.num_waiting}',
+            "# TYPE vllm:kv_cache_usage_perc gauge", f'vllm:kv_cache_usage_perc{{model_name="{self.model}"}} {m.kv_usage}',
+            "# TYPE vllm:prefix_cache_queries counter",
+            f'vllm:prefix_cache_queries_total{{model_name="{self.model}"}} {m.prefix_cache_queries_total}',
+            "# TYPE vllm:prefix_cache_hits counter",
+            f'vllm:prefix_cache_hits_total{{model_name="{self.model}"}} {m.prefix_cache_hits_total}',
+            "# TYPE vllm:num_preemptions counter",
+            f'vllm:num_preemptions_total{{model_name="{self.model}"}} {m.num_preemptions_total}',
+            "# TYPE vllm:prompt_tokens counter", f'vllm:prompt_tokens_total{{model_name="{self.model}"}} {eng.prompt_tokens_total}',
+            "# TYPE vllm:generation_tokens counter",
+            f'vllm:generation_tokens_total{{model_name="{self.model}"}} {eng.generation_tokens_total}',
+            "# TYPE vllm:cache_config_info gauge",
+            f'vllm:cache_config_info{{block_size="{c.block_size}",enable_prefix_caching="{c.enable_prefix_caching}",'
+            f'num_gpu_blocks="{c.num_blocks}"}} 1.0',
+        ]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def completions(self, request):
+        from aiohttp import web
+
+        try:
+            body = orjson.loads(await request.read())
+            prompt = body["prompt"]
+            max_tokens = int(body.get("max_tokens") or 16)
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            return _error(400, f"bad request: {exc}")
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+            prompt = prompt[0]
+        token_ids = text_to_ids(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        client = self._engine()
+        engine = client.engine
+        reason = engine.validate(len(token_ids), max_tokens)
+        if reason is not None:
+            return _error(400, reason)
+        try:
+            prefix_hint = int(request.headers.get("X-Loadgen-Prefix-Tokens", "0"))
+        except ValueError:
+            prefix_hint = 0
+        prefix_key, prefix_tokens, stream_id = self.mapper.map(token_ids, prefix_hint)
+        prefix = engine.stream(prefix_key, 0) if prefix_key is not None else None
+        stream = engine.stream(("stream", stream_id), prefix_tokens)
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        first = loop.create_future()
+        sim_req = SimRequest(next(self._ids), stream, len(token_ids), max_tokens, prefix=prefix,
+                             on_done=lambda r: done.done() or done.set_result(None), context=None)
+        sim_req.on_first_token = lambda r: first.done() or first.set_result(None)
+        clock = client.clock
+        engine.submit(sim_req, clock.now())
+        client._rearm()
+        output_ids = self._rng.integers(1, 30000, size=max_tokens).tolist()
+        recorded = False
+
+        async def finished() -> None:
+            nonlocal recorded
+            await done
+            # the stream now holds prompt + output (the last output token never enters KV)
+            self.mapper.record(stream_id, self.mapper.chained_hashes(token_ids + output_ids[:-1]))
+            recorded = True
+
+        try:
+            request_id = f"cmpl-{sim_req.request_id}"
+            if not body.get("stream"):
+                await finished()
+                return web.json_response(self._final(request_id, sim_req, output_ids, body), dumps=_dumps)
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await first
+            await resp.write(_sse(self._chunk(request_id, output_ids[:1], body)))
+            await finished()
+            # per-token timing inside a request is not simulated: the rest streams at completion
+            for tok in output_ids[1:]:
+                await resp.write(_sse(self._chunk(request_id, [tok], body)))
+            options = body.get("stream_options") or {}
+            if options.get("include_usage"):
+                await resp.write(_sse({"id": request_id, "object": "text_completion", "model": self.model,
+                                       "choices": [], "usage": _usage(sim_req)}))
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
+        finally:
+            if not recorded:  # the client went away: the stream is free again, its content unchanged
+                self.mapper.release(stream_id)
+
+    def _chunk(self, request_id: str, ids: list[int], body: dict) -> dict:
+        choice = {"index": 0, "text": " ".join(f"t{t}" for t in ids), "finish_reason": None}
+        if body.get("return_token_ids"):
+            choice["token_ids"] = ids
+        return {"id": request_id, "object": "text_completion", "model": self.model, "choices": [choice]}
+
+    def _final(self, request_id: str, req: SimRequest, ids: list[int], body: dict) -> dict:
+        choice = {"index": 0, "text": " ".join(f"t{t}" for t in ids), "finish_reason": "length"}
+        if body.get("return_token_ids"):
+            choice["token_ids"] = ids
+        return {"id": request_id, "object": "text_completion", "model": self.model, "choices": [choice],
+                "usage": _usage(req)}
+
+
+def _usage(req: SimRequest) -> dict:
+    usage = {"prompt_tokens": req.num_prompt_tokens, "completion_tokens": req.generated,
+             "total_tokens": req.num_prompt_tokens + req.generated}
+    if req.num_cached_tokens > 0:  # vLLM omits the details when nothing hit
+        usage["prompt_tokens_details"] = {"cached_tokens": req.num_cached_tokens}
+    return usage
+
+
+def _dumps(obj) -> str:
+    return orjson.dumps(obj).decode()
+
+
+def _sse(obj: dict) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _error(status: int, message: str):
+    from aiohttp import web
+
+    return web.json_response({"error": {"message": message, "type": "BadRequestError", "code": status}},
+                             status=status)
+
+
+async def serve(server: SimServer, host: str, port: int, ready: Optional[asyncio.Event] = None):
+    from aiohttp import web
+
+    runner = web.AppRunner(server.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    if ready is not None:
+        ready.set()
+    return runner
