@@ -38,7 +38,16 @@ def max_context_tokens(spec: ExperimentSpec) -> int:
 
 def run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optional[Transport] = None) -> dict:
     """One run (arm x seed) against ``spec.engine`` (an OpenAIEngineSpec); returns its run.json."""
-    return asyncio.run(_run_live(spec, key, Path(out_dir), transport))
+    return _event_loop_runner()(_run_live(spec, key, Path(out_dir), transport))
+
+
+def _event_loop_runner():
+    """uvloop where installed (measured: lower driver CPU per turn and arrival lateness), else asyncio."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run
+    return uvloop.run
 
 
 async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optional[Transport]) -> dict:

@@ -299,16 +299,17 @@ class SimEngine:
         if limit_s is not None and num_steps > 1:
             alpha, beta = self._stretch_coeffs()
             budget = limit_s - start_s  # steps i with T(i) = alpha*i + beta*i*(i-1) <= budget start in time
-            if beta > 0:
-                b1 = alpha - beta
-                i = int((-b1 + math.sqrt(b1 * b1 + 4 * beta * max(budget, 0.0))) / (2 * beta))
-            else:
-                i = int(max(budget, 0.0) / alpha)
-            while i > 0 and alpha * i + beta * i * (i - 1) > budget:
-                i -= 1
-            while alpha * (i + 1) + beta * (i + 1) * i <= budget:
-                i += 1
-            num_steps = min(num_steps, i + 1)
+            if alpha > 0:  # zero-cost engines (load-generator benchmarks) run every step at once
+                if beta > 0:
+                    b1 = alpha - beta
+                    i = int((-b1 + math.sqrt(b1 * b1 + 4 * beta * max(budget, 0.0))) / (2 * beta))
+                else:
+                    i = int(max(budget, 0.0) / alpha)
+                while i > 0 and alpha * i + beta * i * (i - 1) > budget:
+                    i -= 1
+                while i + 1 < num_steps and alpha * (i + 1) + beta * (i + 1) * i <= budget:
+                    i += 1
+                num_steps = min(num_steps, i + 1)
         return num_steps
 
     def _commit_stretch(self, start_s: float, num_steps: int) -> None:
