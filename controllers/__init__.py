@@ -2,11 +2,17 @@
 
 The actuator (loadgen.gateway) owns the queues and asks a policy two questions, with the
 gateway's state and the time passed in: may this session be admitted, and should this admitted
-session be parked at its turn boundary. ``make_policy`` maps names to policies; an unknown name
-is an error that lists the valid ones.
+session be parked at its turn boundary. ``make_policy`` maps names to policies (SPEC.md section 5:
+none, admission-only, session-cap, adaptive-cap, aimd, budgeter); an unknown name or parameter is
+an error that lists the valid ones.
 """
 
+from .adaptive import AdaptiveCap
+from .aimd import LatencyAimd
 from .base import GatewayView, NoLimit, Policy
-from .registry import POLICIES, make_policy
+from .budgeter import KvBudgeter
+from .caps import AdmissionOnlyCap, SessionCap
+from .registry import POLICIES, make_policy, policy_params
 
-__all__ = ["GatewayView", "NoLimit", "POLICIES", "Policy", "make_policy"]
+__all__ = ["AdaptiveCap", "AdmissionOnlyCap", "GatewayView", "KvBudgeter", "LatencyAimd", "NoLimit",
+           "POLICIES", "Policy", "SessionCap", "make_policy", "policy_params"]

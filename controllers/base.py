@@ -1,4 +1,4 @@
-"""The policy interface and the trivial limit."""
+"""The policy interface, the trivial limit, and checks for policy constants."""
 
 from __future__ import annotations
 
@@ -19,9 +19,17 @@ class GatewayView:
 
 
 class Policy:
-    """A gateway limit. Subclasses override what they limit; the defaults are 'no limit'."""
+    """A gateway limit. Subclasses override what they limit; the defaults are 'no limit'.
+
+    A policy is pure: the gateway's state and the time come in through ``GatewayView`` and the
+    arguments, a decision comes out. It may keep state of its own (an estimate, a limit that
+    moves), updated only from what it is told; it never reads a clock and does no I/O.
+    """
 
     name = "base"
+
+    def on_control_start(self, view: GatewayView) -> None:
+        """Control switches on at ``view.now_s``; the policy has seen nothing before this."""
 
     def admit(self, view: GatewayView, demand_tokens: int, is_new: bool) -> bool:
         """May a waiting session with demand ``demand_tokens`` become active now?"""
@@ -46,3 +54,14 @@ class NoLimit(Policy):
     """``none``: every session proceeds, nobody is parked."""
 
     name = "none"
+
+
+def require_int(name: str, value: object, minimum: int) -> None:
+    # bool is an int in Python; `k: true` in a YAML file is a mistake, not a 1.
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def require_positive(name: str, value: object) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")

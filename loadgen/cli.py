@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from trace_shapes import FORMATS
+
 from . import __version__
 from .spec import SpecError, load_spec, parse_seeds
 
@@ -67,7 +69,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _report(out: Path, console, figures: bool = True) -> None:
-    from .analysis import format_outcome_table, write_summary
+    from .analysis import format_outcome_table, format_recovery_table, write_summary
     from .runner import recover_runs
 
     recovered = recover_runs(out)
@@ -75,6 +77,9 @@ def _report(out: Path, console, figures: bool = True) -> None:
         console.print(f"recovered rows of interrupted runs: {', '.join(recovered)}")
     summary = write_summary(out)
     print(format_outcome_table(summary), flush=True)
+    recovery = format_recovery_table(summary)  # only when some arm has a controller or a control start
+    if recovery:
+        print("\n" + recovery, flush=True)
     console.print(f"summary: {out / 'summary.json'}")
     if figures:
         from .report import write_figures
@@ -142,6 +147,71 @@ def _cmd_serve_sim(args: argparse.Namespace) -> int:
     return 0
 
 
+SHAPE_NAMES = ("swebench", "tracelab-synthetic")
+
+
+def _cmd_shapes(args: argparse.Namespace) -> int:
+    import json
+
+    import numpy as np
+
+    from trace_shapes import (TraceLabLikeSessions, describe_sessions, format_description, load_swebench, load_trace,
+                              select_models)
+
+    try:
+        if args.source == "swebench":
+            trace = load_swebench()
+            sessions, notes = trace.sessions, trace.notes
+        elif args.source == "tracelab-synthetic":
+            generator, rng = TraceLabLikeSessions(), np.random.default_rng(args.seed)
+            sessions = [generator.record(rng, f"tracelab-like-{i}") for i in range(args.num_sessions)]
+            notes = (f"{args.num_sessions} sessions generated from TraceLab's published statistics, seed {args.seed}",)
+        else:
+            trace = load_trace(args.source, args.format)
+            sessions, notes = trace.sessions, trace.notes
+        sessions = select_models(sessions, args.model)
+    except ValueError as exc:
+        hint = "" if Path(args.source).exists() else f" (names: {', '.join(SHAPE_NAMES)})"
+        raise SpecError(f"{exc}{hint}") from None
+    description = describe_sessions(sessions, args.truncate_at, args.over or [38_000], name=args.source)
+    print(json.dumps(description, indent=1) if args.json else format_description(description, notes))
+    return 0
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
+    from .calibrate import CalibrationPlan, calibrate
+    from .clock import WallClock
+    from .http_client import EndpointOptions, OpenAIEngineClient, PreflightError
+
+    plan = CalibrationPlan(repeats=args.repeats, chunk_tokens=args.max_num_batched_tokens)
+    out = Path(args.out)
+
+    async def main():
+        client = OpenAIEngineClient(WallClock(), EndpointOptions(url=args.endpoint, model=args.model))
+        try:
+            return await calibrate(client, plan, name=args.name or out.stem, time_scale=args.time_scale,
+                                   log=lambda msg: print(msg, file=sys.stderr, flush=True))
+        finally:
+            await client.close()
+
+    try:
+        result = asyncio.run(main())
+    except PreflightError as exc:
+        raise SpecError(str(exc)) from None
+    out.write_text(json.dumps(result.fit.model.to_json(), indent=1) + "\n")
+    report = {"cost_model": result.fit.model.to_json(), "pool_tokens": result.pool_tokens,
+              "block_size": result.block_size, "max_num_batched_tokens": plan.chunk_tokens,
+              "request_overhead_s": result.fit.request_overhead_s, "rows": result.fit.rows}
+    out.with_suffix(".fit.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(result.fit.table())
+    print(f"pool {result.pool_tokens} tokens, block size {result.block_size}; wrote {out} "
+          f"(use it as engine.cost_model) and {out.with_suffix('.fit.json')}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="loadgen", description=__doc__)
     parser.add_argument("--version", action="version", version=f"agent-loadgen {__version__}")
@@ -179,12 +249,40 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--no-figures", action="store_true")
     report.set_defaults(func=_cmd_report)
 
+    cal = sub.add_parser("calibrate", help="fit the simulator's step-cost model to a real engine")
+    cal.add_argument("--endpoint", required=True, help="the engine's base URL")
+    cal.add_argument("--model", help="served model name (default: the first one served)")
+    cal.add_argument("--out", required=True, help="cost.json to write (a .fit.json with the rows goes beside it)")
+    cal.add_argument("--name", help="the cost model's name (default: the file name)")
+    cal.add_argument("--repeats", type=int, default=3, help="repeats per measurement (median kept)")
+    cal.add_argument("--max-num-batched-tokens", type=int, default=8192, help="the server's step token budget")
+    cal.add_argument("--time-scale", type=float, default=1.0, help="the server runs X times faster than real time "
+                                                                 "(a scaled serve-sim)")
+    cal.set_defaults(func=_cmd_calibrate)
+
     validate = sub.add_parser("validate", help="check a spec without running it")
     validate.add_argument("spec")
     validate.set_defaults(func=_cmd_validate)
 
     cost = sub.add_parser("cost-fit", help="show the step-cost fit to the calibration numbers and its residuals")
     cost.set_defaults(func=_cmd_cost_fit)
+
+    shapes = sub.add_parser("shapes", help="session shapes: what replayed traces look like")
+    shapes_sub = shapes.add_subparsers(dest="shapes_command", required=True)
+    describe = shapes_sub.add_parser(
+        "describe", help="calls per session, context and gap percentiles, growth per turn, share of long sessions")
+    describe.add_argument("source", help=f"a trace file (JSONL, .gz, Parquet) or a name: {', '.join(SHAPE_NAMES)}")
+    describe.add_argument("--format", default="shapes", choices=sorted(FORMATS),
+                          help="the file's format (default: shapes, the shipped format)")
+    describe.add_argument("--model", action="append", help="only sessions of this model (repeatable)")
+    describe.add_argument("--truncate-at", type=int, default=38_000,
+                          help="engine limit for the replay section (default 38000)")
+    describe.add_argument("--over", type=int, action="append",
+                          help="report the share of sessions whose context exceeds this (repeatable; default 38000)")
+    describe.add_argument("--num-sessions", type=int, default=2000, help="tracelab-synthetic: sessions to generate")
+    describe.add_argument("--seed", type=int, default=0, help="tracelab-synthetic: generator seed")
+    describe.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    describe.set_defaults(func=_cmd_shapes)
     return parser
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import time
 from collections import deque
 from typing import Any, Awaitable, Callable, Coroutine, Optional, Protocol
 
@@ -196,17 +197,27 @@ class VirtualClock:
             timer.callback(*timer.args)
 
 
+def epoch_s() -> float:
+    """Seconds since the Unix epoch: the one time base shared by processes on different machines."""
+    return time.time()
+
+
 class WallClock:
     """Real time through asyncio; ``time_scale`` X compresses every workload time X-fold."""
 
     is_virtual = False
 
-    def __init__(self, time_scale: float = 1.0, loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
+    def __init__(self, time_scale: float = 1.0, loop: Optional[asyncio.AbstractEventLoop] = None,
+                 origin_epoch_s: Optional[float] = None) -> None:
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.time_scale = time_scale
         self._loop = loop or asyncio.get_event_loop()
         self._t0 = self._loop.time()
+        if origin_epoch_s is not None:
+            # run time 0 at an agreed moment, so clocks in other processes (Ray actors, other
+            # nodes) stamp the same run on one time axis; the loop's clock is per-process
+            self._t0 += origin_epoch_s - epoch_s()
 
     def now(self) -> float:
         return (self._loop.time() - self._t0) * self.time_scale

@@ -9,7 +9,17 @@ turn through (returns None: no await, no cost) or hands back a future the sessio
 * Whenever a turn completes or a session ends, waiting sessions are re-admitted from the heads
   of the queues, parked before new, while the policy's admission condition holds.
 * Demand d_s = current context + output budget; in-flight requests count in full.
-* Before ``control_start_s`` the gate behaves as ``none``.
+* Before ``control_start_s`` the gate behaves as ``none`` and the policy sees nothing; a timer
+  at ``control_start_s`` switches it on, so the policy's state (an AIMD interval, an estimate)
+  starts exactly then rather than at whichever session event happens to come next.
+
+Liveness rule (ours, not SPEC.md's): whenever no session is admitted, the head of the queues
+(parked first) is admitted whatever the limit says. So a session whose demand alone exceeds the
+budget still runs (alone), a limit that falls to 0 still lets one session through, and once
+arrivals stop every session finishes: each admission sends at least one turn before its
+session can be parked again, and while anyone is admitted its turns end in completions or
+parks that re-open the queues. Besides turn completions and session ends, a park that leaves
+nobody admitted is the one other moment the queues are re-opened.
 """
 
 from __future__ import annotations
@@ -31,28 +41,54 @@ class Gateway:
         self.control_start_s = control_start_s
         self._uncontrolled = isinstance(policy, NoLimit)
         self._off = NoLimit()
+        self._control_on = False
         self.active: dict[Any, int] = {}  # session -> its demand d_s
         self.demand_tokens = 0  # D over active sessions
         self.parked: deque = deque()  # (session, demand, future)
         self.waiting_new: deque = deque()
+        if not self._uncontrolled:
+            if control_start_s <= clock.now():
+                self._switch_on()
+            else:
+                clock.call_at(control_start_s, self._switch_on)
+
+    @property
+    def num_admitted(self) -> int:
+        return len(self.active)
+
+    @property
+    def control_on(self) -> bool:
+        """The policy decides (from ``control_start_s`` on); before that the gate is ``none``."""
+        return self._control_on
+
+    def _switch_on(self) -> None:
+        self._control_on = True
+        self.policy.on_control_start(self.view())
 
     def _policy(self) -> Policy:
-        return self.policy if self.clock.now() >= self.control_start_s else self._off
+        return self.policy if self._control_on else self._off
 
     def view(self) -> GatewayView:
         return GatewayView(self.clock.now(), len(self.active), self.demand_tokens, self.pool_tokens,
                            len(self.parked), len(self.waiting_new))
 
     def limit(self) -> float:
-        if self._uncontrolled or self.clock.now() < self.control_start_s:
+        if not self._control_on:
             return math.nan
         return self.policy.limit(self.view())
 
     # ---------------------------------------------------------------- session events
     def arrive(self, session: Any, demand_tokens: int) -> Optional[Any]:
         """A new session wants its first turn. None: go; else await the returned future."""
-        if self._uncontrolled or (not self.parked and not self.waiting_new
-                                  and self._policy().admit(self.view(), demand_tokens, True)):
+        if self._uncontrolled:
+            self._activate(session, demand_tokens)
+            return None
+        policy = self._policy()
+        view = self.view()
+        policy.on_turn_boundary(view, demand_tokens)
+        # FIFO: nobody overtakes a queued session; the liveness rule admits into an empty gate.
+        if not self.parked and not self.waiting_new and (
+                not self.active or policy.admit(view, demand_tokens, True)):
             self._activate(session, demand_tokens)
             return None
         fut = self.clock.create_future()
@@ -73,6 +109,8 @@ class Gateway:
         self._deactivate(session)
         fut = self.clock.create_future()
         self.parked.append((session, demand_tokens, fut))
+        if not self.active:
+            self._readmit()  # liveness: nobody left to complete a turn and re-open the queues
         return fut
 
     def turn_completed(self, session: Any, latency_s: float) -> None:
@@ -100,7 +138,7 @@ class Gateway:
         while self.parked or self.waiting_new:
             queue = self.parked if self.parked else self.waiting_new
             session, demand, fut = queue[0]
-            if not policy.admit(self.view(), demand, queue is self.waiting_new):
+            if self.active and not policy.admit(self.view(), demand, queue is self.waiting_new):
                 return
             queue.popleft()
             self._activate(session, demand)

@@ -6,6 +6,7 @@ under ``<results_dir>/figures/``. Uses matplotlib's Agg backend so it works with
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -17,15 +18,18 @@ matplotlib.use("Agg")  # headless: must precede the pyplot import
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 from loadgen.analysis import (  # noqa: E402
     DEGRADED_HIT_RATIO,
     RunData,
+    cohort_completion_by_arrival,
     load_run,
     window_series,
 )
 
-__all__ = ["write_figures", "arm_colors", "WINDOW_S", "DPI"]
+__all__ = ["write_figures", "arm_colors", "WINDOW_S", "DPI", "load_runs_by_arm", "figure_cohort_completion",
+           "figure_arm_timeseries", "figure_mix_shift_scatter"]
 
 WINDOW_S = 60.0
 DPI = 100
@@ -208,4 +212,131 @@ def write_figures(results_dir: str | os.PathLike, summary: Mapping[str, Any]) ->
         path = figures_dir / "overview.png"
         _plot_overview(path, runs_by_arm, colors, experiment)
         written.append(path)
+    controller_figures = []
+    if summary.get("recovery"):
+        controller_figures += [("cohort-completion.png", figure_cohort_completion(runs_by_arm, colors, experiment)),
+                               ("arms-timeseries.png", figure_arm_timeseries(runs_by_arm, colors, experiment))]
+    if _has_mix_shift(runs):
+        controller_figures.append(("mix-shift-scatter.png", figure_mix_shift_scatter(summary, colors)))
+    for name, fig in controller_figures:
+        fig.savefig(figures_dir / name, dpi=DPI)
+        written.append(figures_dir / name)
     return written
+
+
+# --------------------------------------------------------------------------------------------
+# Controller figures. Built on matplotlib.figure.Figure, not pyplot: no global figure state, so
+# a notebook can display what these return and the PNG writer can save it.
+
+COHORT_BIN_S = 300.0
+CONTROL_COLOR = "0.2"
+
+
+def load_runs_by_arm(results_dir: str | os.PathLike, summary: Mapping[str, Any]) -> dict[str, list[RunData]]:
+    """The runs a summary lists, loaded, by arm in the summary's arm order, seeds ascending."""
+    results_path = Path(results_dir)
+    runs_by_arm: dict[str, list[RunData]] = {arm: [] for arm in _arm_order(summary)}
+    for entry in sorted(summary.get("runs", []), key=lambda e: int(e["seed"])):
+        runs_by_arm[str(entry["arm"])].append(load_run(results_path / "runs" / entry["run_id"]))
+    return {arm: runs for arm, runs in runs_by_arm.items() if runs}
+
+
+def _control_starts_s(runs: Sequence[RunData]) -> list[float]:
+    return sorted({float(r.run_json.get("control_start_s") or 0.0) for r in runs} - {0.0})
+
+
+def _mark_control(ax: Axes, starts_s: Sequence[float], label: bool) -> None:
+    for i, start_s in enumerate(starts_s):
+        ax.axvline(_minutes(start_s), color=CONTROL_COLOR, linestyle=":", linewidth=1.2,
+                   label="control starts" if label and i == 0 else None)
+
+
+def figure_cohort_completion(runs_by_arm: Mapping[str, Sequence[RunData]], colors: Mapping[str, str],
+                             experiment: Any = None, width_s: float = COHORT_BIN_S) -> Figure:
+    """Share of each arrival cohort (width_s windows) finished by the run's end, one line per arm,
+    pooled over seeds. Late cohorts are short of time in every arm alike."""
+    fig = Figure(figsize=(10, 4.5), layout="constrained")
+    ax = fig.subplots()
+    all_runs = [r for runs in runs_by_arm.values() for r in runs]
+    for arm, runs in runs_by_arm.items():
+        starts_s, fractions = cohort_completion_by_arrival(runs, width_s)
+        ax.plot(_minutes(starts_s + width_s / 2), fractions, marker="o", markersize=3, color=colors[arm],
+                label=arm, linewidth=1.4)
+    _shade_triggers([ax], _trigger_windows(all_runs))
+    _mark_control(ax, _control_starts_s(all_runs), label=True)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlim(left=0)
+    ax.set_xlabel(f"arrival time (minutes; {width_s / 60:g}-minute cohorts)")
+    ax.set_ylabel("finished by run end")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower left", fontsize="small")
+    ax.set_title(f"{experiment}: cohort completion by arrival cohort, all seeds pooled")
+    return fig
+
+
+def figure_arm_timeseries(runs_by_arm: Mapping[str, Sequence[RunData]], colors: Mapping[str, str],
+                          experiment: Any = None) -> Figure:
+    """Per arm (one row each): hit ratio per minute and sessions in the system, one line per seed."""
+    arms = list(runs_by_arm)
+    fig = Figure(figsize=(11, 2.3 * max(1, len(arms)) + 0.8), layout="constrained")
+    axes = fig.subplots(max(1, len(arms)), 2, sharex=True, squeeze=False)
+    for row, arm in enumerate(arms):
+        ax_hit, ax_sessions = axes[row]
+        runs = runs_by_arm[arm]
+        for run in runs:
+            series = window_series(run.turns, 0.0, float(run.run_json["duration_s"]), WINDOW_S)
+            ax_hit.plot(_window_midpoints_min(series.window_starts_s, series.window_widths_s), series.hit_ratio,
+                        color=colors[arm], linewidth=0.8, alpha=0.6)
+            if run.samples.num_rows:
+                t_s = run.samples.column("t_s").to_numpy()
+                order = np.argsort(t_s, kind="stable")
+                ax_sessions.plot(_minutes(t_s[order]), run.samples.column("sessions_in_system").to_numpy()[order],
+                                 color=colors[arm], linewidth=0.8, alpha=0.6)
+        for ax in (ax_hit, ax_sessions):
+            _shade_triggers([ax], _trigger_windows(runs))
+            _mark_control(ax, _control_starts_s(runs), label=False)
+            ax.grid(True, alpha=0.3)
+            ax.set_xlim(left=0)
+        ax_hit.axhline(DEGRADED_HIT_RATIO, color="0.4", linestyle="--", linewidth=0.8)
+        ax_hit.set_ylim(-0.02, 1.02)
+        ax_hit.set_ylabel(f"{arm}\nhit ratio")
+        ax_sessions.set_ylabel("sessions in system")
+        ax_sessions.set_ylim(bottom=0)
+    axes[0, 0].set_title(f"hit ratio per {WINDOW_S / 60:g}-minute window (one line per seed)")
+    axes[0, 1].set_title("sessions in the system (dotted: control starts)")
+    for ax in axes[-1]:
+        ax.set_xlabel("run time (minutes)")
+    fig.suptitle(f"{experiment}: per-arm time series")
+    return fig
+
+
+def figure_mix_shift_scatter(summary: Mapping[str, Any], colors: Mapping[str, str]) -> Figure:
+    """One point per run: p90 first-turn gateway wait of first-phase sessions vs end hit ratio.
+
+    The trade-off a session-mix shift exposes: a cap tight enough for the long sessions makes the
+    short ones queue; a loose one collapses after the shift.
+    """
+    fig = Figure(figsize=(7.5, 5), layout="constrained")
+    ax = fig.subplots()
+    # hollow markers of different shapes, so arms landing on the same point stay visible
+    for arm, marker in zip(_arm_order(summary), itertools.cycle("osD^vPX*")):
+        points = [(r["gateway_wait_p90_first_turn_s"], r["hit_ratio_last10min"]) for r in summary.get("runs", [])
+                  if r["arm"] == arm and r.get("gateway_wait_p90_first_turn_s") is not None
+                  and r["hit_ratio_last10min"] is not None]
+        if points:
+            waits_s, hit_ratios = zip(*points)
+            ax.scatter(waits_s, hit_ratios, marker=marker, s=70, facecolors="none", edgecolors=colors[arm],
+                       linewidths=1.6, label=arm)
+    ax.set_xscale("symlog", linthresh=1.0)  # waits span 0 (no limit) to many minutes
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("first phase: p90 gateway wait before the first turn (s)")
+    ax.set_ylabel("hit ratio, last 10 minutes")
+    ax.axhline(DEGRADED_HIT_RATIO, color="0.4", linestyle="--", linewidth=0.8)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    ax.set_title(f"{summary.get('experiment')}: waiting now vs degrading later (one point per run)")
+    return fig
+
+
+def _has_mix_shift(runs: Sequence[RunData]) -> bool:
+    return any(t.get("kind") == "mix_shift" for r in runs for t in r.run_json.get("triggers") or [])

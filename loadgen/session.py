@@ -105,12 +105,17 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
     context = shape.initial_tokens
     demand = context + shape.output_tokens[0]
     tokens = TokenContext(shape, sid) if engine.needs_token_ids else None
+    # A gate in another process (actors.fleet.RemoteGate) cannot answer on the spot: it returns
+    # an awaitable of the answer (None: go; else a future to await), one round trip per turn.
+    gate_answers_later = getattr(gateway, "answers_later", False)
     counts.arrived_total += 1
     counts.in_system += 1
     counts.demand_tokens += demand
     ready = clock.now()
     recorder.session_arrived(sid, plan.is_trigger, shape.kind, num_turns, ready)
     wait = gateway.arrive(sid, demand)
+    if gate_answers_later:
+        wait = await wait
     if wait is not None:
         counts.gateway_waiting += 1
         await wait
@@ -120,6 +125,8 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
         if k:
             ready = clock.now()
             wait = gateway.before_turn(sid, demand)
+            if gate_answers_later:
+                wait = await wait
             if wait is not None:
                 recorder.session_parked(sid)
                 counts.parked += 1

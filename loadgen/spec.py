@@ -6,14 +6,18 @@ SPEC.md writes them ("5 min at minute 15"). Unknown fields are errors.
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from controllers import POLICIES, make_policy
+from trace_shapes import (EmpiricalGaps, ExponentialGaps, GapFallback, GeneratedReplay, LoadedTrace, ReplayOptions,
+                          TraceLabLikeSessions, TraceReplay, build_replay, load_swebench, load_trace, select_models)
 
 from .sim.cost import PRESETS, StepCostModel
 
@@ -109,7 +113,35 @@ class OpenAIEngineSpec(_Model):
     flush_before_run: bool = Field(True, description="Reset the prefix cache before each run (a fresh engine).")
 
 
-EngineSpec = Annotated[Union[SimEngineSpec, OpenAIEngineSpec], Field(discriminator="kind")]
+class LaunchedEngineSpec(_Model):
+    """A server ``loadgen sweep`` launches itself, a fresh one per run, each on its own GPU(s) of a
+    Ray cluster (actors/engine.py): vLLM, SGLang, or serve-sim (the simulated engine behind
+    vLLM's API, so the whole path runs on a laptop). The flags loadgen needs (prefix caching,
+    cached-token reports, metrics, host, port, served name) are added; ``flags`` are appended."""
+
+    kind: Literal["vllm", "sglang", "serve_sim"]
+    model: str = Field("sim", description="Model to serve: a path or hub name (vllm, sglang); serve_sim: its name.")
+    served_model_name: Optional[str] = Field(None, description="Name the server answers to; default: model.")
+    flags: list[str] = Field(default_factory=list,
+                             description="Extra server flags, verbatim, e.g. [--max-model-len, '40960'].")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the server.")
+    python: Optional[str] = Field(
+        None, description="Interpreter that has vLLM/SGLang on the GPU nodes; default: the Ray worker's.")
+    num_gpus: int = Field(1, ge=0, description="GPUs each engine reserves (0: serve_sim on a machine without GPUs).")
+    startup_timeout_s: float = Field(1800.0, gt=0, description="Fail the run if the server is not healthy by then.")
+    simulator: SimEngineSpec = Field(default_factory=SimEngineSpec,
+                                     description="serve_sim only: the simulated engine it serves.")
+    pool_tokens: Optional[int] = Field(None, gt=0, description="KV pool C; default: read from the server's /metrics.")
+    request_timeout_s: float = Field(600.0, gt=0, description="Give up on one request after this long.")
+    retry: RetrySpec = Field(default_factory=RetrySpec, description="Per-turn retry policy.")
+    flush_before_run: bool = Field(True, description="Reset the prefix cache before each run (after warm-up probes).")
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.model
+
+
+EngineSpec = Annotated[Union[SimEngineSpec, OpenAIEngineSpec, LaunchedEngineSpec], Field(discriminator="kind")]
 
 
 # ---------------------------------------------------------------- sessions
@@ -129,7 +161,165 @@ class SyntheticSessionSpec(_Model):
                 + n * self.output_tokens + (n - 1) * self.tool_tokens)
 
 
-SessionSpec = Annotated[Union[SyntheticSessionSpec], Field(discriminator="kind")]
+class EmpiricalGapSpec(_Model):
+    kind: Literal["empirical"] = "empirical"  # draw from every gap the trace records (all its rows)
+
+
+class ExponentialGapSpec(_Model):
+    kind: Literal["exponential"] = "exponential"
+    mean_s: float = Field(..., gt=0, description="Mean of the exponential gap.")
+
+
+GapFallbackSpec = Annotated[Union[EmpiricalGapSpec, ExponentialGapSpec], Field(discriminator="kind")]
+
+
+class _ReplaySessionSpec(_Model):
+    """Fields every replayed-trace session kind shares (trace_shapes/replay.py has the treatments)."""
+
+    models: Optional[tuple[str, ...]] = Field(
+        None, description="Replay only sessions of these models (exact names, see `loadgen shapes describe`); "
+                          "default: all.")
+    truncate_at_tokens: int = Field(
+        38_000, gt=0, description="Engine limit: a session stops before the first call whose prompt + output "
+                                  "would exceed this (38K of a 40K engine in the reference runs).")
+    sampling: Literal["without_replacement", "with_replacement"] = Field(
+        "without_replacement", description="without_replacement: one seeded permutation of the sessions after "
+                                           "another (none repeats until all are used); with_replacement: "
+                                           "independent uniform draws.")
+    gap_fallback: GapFallbackSpec = Field(
+        default_factory=EmpiricalGapSpec,
+        description="Gaps for calls whose gap the trace does not record: {kind: empirical} draws from the "
+                    "gaps recorded in the same trace; {kind: exponential, mean_s: ...} names a distribution.")
+
+    def max_context_tokens(self) -> int:
+        return self.truncate_at_tokens
+
+    def build_replay(self, trace: LoadedTrace) -> TraceReplay:
+        try:
+            select_models(trace.sessions, self.models)
+        except ValueError as exc:
+            raise ValueError(f"models: {exc}") from None
+        options = ReplayOptions(self.truncate_at_tokens, self.system_prompt_tokens, self.label)
+        return build_replay(trace.sessions, options, self._gap_fallback(trace), self.models,
+                            self.sampling == "with_replacement")
+
+    def _gap_fallback(self, trace: LoadedTrace) -> Optional[GapFallback]:
+        if isinstance(self.gap_fallback, ExponentialGapSpec):
+            return ExponentialGaps(self.gap_fallback.mean_s)
+        recorded = trace.recorded_gaps_s()
+        if recorded:
+            return EmpiricalGaps(tuple(recorded))
+        if any(g is None for s in trace.sessions for g in s.gaps_s):
+            raise ValueError("gap_fallback: the trace records no gaps to draw from; name a distribution, "
+                             "e.g. {kind: exponential, mean_s: 0.3}")
+        return None
+
+
+class SwebenchSessionSpec(_ReplaySessionSpec):
+    """The shipped SWE-bench agent shapes (trace_shapes/data/README.md)."""
+
+    kind: Literal["swebench"] = "swebench"
+    system_prompt_tokens: int = Field(
+        150, ge=0, description="Tokens of every session's initial context shared by all sessions: mini-swe-agent's "
+                               "SWE-bench system template (~150 tokens); its ~1.2K-token instructions come after "
+                               "the task text, so in prefix-cache terms they are unique to the session.")
+    label: str = Field("swebench", description="Session kind recorded per turn.")
+
+    @model_validator(mode="after")
+    def _replayable(self) -> "SwebenchSessionSpec":
+        build_session_model(self)
+        return self
+
+
+class TraceFileSessionSpec(_ReplaySessionSpec):
+    """A user's own trace file."""
+
+    kind: Literal["trace_file"] = "trace_file"
+    path: str = Field(..., description="Local JSONL, gzip JSONL (.gz) or Parquet (.parquet) file; a relative path "
+                                       "is relative to the spec's directory.")
+    format: Literal["shapes", "tracelab", "copilot", "bailian"] = Field(
+        ..., description="shapes: one session a row, calls [[prompt, completion, gap_s], ...]; tracelab: one "
+                         "round a row; copilot: GitHub Copilot coding-agent sessions; bailian: Qwen Bailian "
+                         "requests chained by parent_chat_id (trace_shapes/loaders.py).")
+    system_prompt_tokens: int = Field(
+        0, ge=0, description="Tokens of every session's initial context shared by all sessions (the system "
+                             "prompt). Trace formats do not record it; 0 shares nothing across sessions.")
+    label: str = Field("trace", description="Session kind recorded per turn.")
+
+    @field_validator("path")
+    @classmethod
+    def _exists(cls, value: str, info: ValidationInfo) -> str:
+        path = Path(value).expanduser()
+        base_dir = (info.context or {}).get("base_dir")
+        if not path.is_absolute() and base_dir is not None:
+            path = Path(base_dir) / path
+        if not path.is_file():
+            raise ValueError(f"no such file: {path}")
+        return str(path.resolve())
+
+    @model_validator(mode="after")
+    def _replayable(self) -> "TraceFileSessionSpec":
+        build_session_model(self)
+        return self
+
+
+class TraceLabSyntheticSessionSpec(_Model):
+    """TraceLab-like sessions generated from its published statistics (trace_shapes/tracelab.py)."""
+
+    kind: Literal["tracelab_synthetic"] = "tracelab_synthetic"
+    initial_context_median_tokens: float = Field(19_000, gt=0, description="Median starting context (published).")
+    num_calls_median: float = Field(50, gt=0, description="Median calls per session (lognormal; mean ~1.65x).")
+    output_median_tokens: float = Field(250, gt=0, description="Median output tokens per call.")
+    appended_median_tokens: float = Field(
+        700, gt=0, description="Median tokens appended per call beyond the output (tool results).")
+    gap_median_s: float = Field(0.15, gt=0, description="Median gap between calls (lognormal, heavy tail).")
+    truncate_at_tokens: int = Field(
+        38_000, gt=0, description="Engine limit: a session stops before the first call whose prompt + output "
+                                  "would exceed this.")
+    system_prompt_tokens: int = Field(
+        0, ge=0, description="Tokens of every session's initial context shared by all sessions; TraceLab does "
+                             "not publish it, 0 shares nothing across sessions.")
+    label: str = Field("tracelab-synthetic", description="Session kind recorded per turn.")
+
+    def max_context_tokens(self) -> int:
+        return self.truncate_at_tokens
+
+
+def build_session_model(spec: Union[SwebenchSessionSpec, TraceFileSessionSpec, TraceLabSyntheticSessionSpec]
+                        ) -> Union[TraceReplay, GeneratedReplay]:
+    """The trace_shapes model behind a replayed-session spec (cached: each file is read once)."""
+    if isinstance(spec, TraceLabSyntheticSessionSpec):
+        source = TraceLabLikeSessions(
+            initial_context_median_tokens=spec.initial_context_median_tokens,
+            num_calls_median=spec.num_calls_median, output_median_tokens=spec.output_median_tokens,
+            appended_median_tokens=spec.appended_median_tokens, gap_median_s=spec.gap_median_s)
+        return GeneratedReplay(source, ReplayOptions(spec.truncate_at_tokens, spec.system_prompt_tokens, spec.label))
+    return _cached_replay(spec)
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_replay(spec: Union[SwebenchSessionSpec, TraceFileSessionSpec]) -> TraceReplay:
+    if isinstance(spec, SwebenchSessionSpec):
+        return spec.build_replay(_cached_swebench())
+    stat = Path(spec.path).stat()
+    return spec.build_replay(_cached_trace(spec.path, spec.format, stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=1)
+def _cached_swebench() -> LoadedTrace:
+    return load_swebench()
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_trace(path: str, format: str, mtime_ns: int, size: int) -> LoadedTrace:
+    # mtime and size are part of the key so that an edited file is read again
+    return load_trace(path, format)
+
+
+SessionSpec = Annotated[
+    Union[SyntheticSessionSpec, SwebenchSessionSpec, TraceFileSessionSpec, TraceLabSyntheticSessionSpec],
+    Field(discriminator="kind"),
+]
 
 
 class WorkloadSpec(_Model):
@@ -307,7 +497,8 @@ class ExperimentSpec(_Model):
         return max(ends) if ends else None
 
 
-_KIND_TAGS = {"sim", "openai", "synthetic", "burst", "extra_sessions", "flush", "rate_change", "mix_shift"}
+_KIND_TAGS = {"sim", "openai", "vllm", "sglang", "serve_sim", "synthetic", "swebench", "trace_file", "tracelab_synthetic", "empirical", "exponential",
+              "burst", "extra_sessions", "flush", "rate_change", "mix_shift"}
 
 
 def _format_errors(exc: ValidationError, source: str) -> str:
@@ -323,11 +514,12 @@ def _format_errors(exc: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def parse_spec(data: Any, source: str = "<spec>") -> ExperimentSpec:
+def parse_spec(data: Any, source: str = "<spec>", base_dir: Optional[Path] = None) -> ExperimentSpec:
+    """``base_dir``: where relative file paths in the spec (trace files) are resolved; default the cwd."""
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
     try:
-        return ExperimentSpec.model_validate(data)
+        return ExperimentSpec.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
         raise SpecError(_format_errors(exc, source)) from None
 
@@ -342,4 +534,4 @@ def load_spec(path: Union[str, Path]) -> ExperimentSpec:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML ({exc})") from None
-    return parse_spec(data, str(path))
+    return parse_spec(data, str(path), base_dir=path.parent)

@@ -4,7 +4,10 @@ Randomness is owned and keyed, never global:
 * the base arrival times come from a generator seeded by (seed, BASE);
 * base session i's shape (think times...) from (seed, BASE, i);
 * the j-th session-adding trigger's (burst, extra sessions) arrivals from (seed, TRIGGER + j, seed_offset), its sessions from
-  (seed, TRIGGER + j, seed_offset, i).
+  (seed, TRIGGER + j, seed_offset, i);
+* replayed traces: which recorded session a stream's i-th session replays is the i-th element of
+  a draw order seeded by (stream key, DRAW_ORDER), a sequence that does not depend on how many
+  sessions arrive, so base session i's shape still depends only on (seed, i).
 So the arms of a pair share every base session exactly, and a burst changes nothing about them.
 Rate changes act on the base stream through its cumulative intensity, so arrivals before the
 change are the same whatever the new rate.
@@ -14,17 +17,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Union
+from typing import Iterator, Optional, Union
 
 import numpy as np
 
-from trace_shapes import SessionShape, SyntheticSessions
+from trace_shapes import GeneratedReplay, SessionShape, SyntheticSessions, TraceReplay
 
 from .spec import (ArmSpec, BurstTrigger, ExperimentSpec, ExtraSessionsTrigger, MixShiftTrigger,
-                   RateChangeTrigger, SyntheticSessionSpec)
+                   RateChangeTrigger, SessionSpec, SyntheticSessionSpec, build_session_model)
 
 BASE = 0
 TRIGGER = 1000
+DRAW_ORDER = 0xFFFFFFFF  # last key of a replay stream's draw order: never a session index
 TRIGGER_SESSION_ID_BASE = 1_000_000  # trigger j's sessions get ids (j + 1) * this + i
 
 
@@ -40,11 +44,35 @@ class SessionPlan:
     is_trigger: bool = False
 
 
-def shape_model(spec: Union[SyntheticSessionSpec]) -> SyntheticSessions:
+ShapeModel = Union[SyntheticSessions, TraceReplay, GeneratedReplay]
+
+
+def shape_model(spec: SessionSpec) -> ShapeModel:
+    if not isinstance(spec, SyntheticSessionSpec):
+        return build_session_model(spec)
     return SyntheticSessions(
         system_prompt_tokens=spec.system_prompt_tokens, task_tokens=spec.task_tokens,
         num_turns=spec.num_turns, output_tokens=spec.output_tokens, tool_tokens=spec.tool_tokens,
         think_time_mean_s=spec.think_time_mean_s, kind=spec.label)
+
+
+class ShapeStream:
+    """The shapes of one arrival stream keyed by ``key``: the i-th depends only on (key, i)."""
+
+    def __init__(self, model: ShapeModel, key: tuple[int, ...]) -> None:
+        self._model = model
+        self._key = key
+        self._order: Optional[Iterator[int]] = (
+            model.draw_order(rng_for(*key, DRAW_ORDER)) if isinstance(model, TraceReplay) else None)
+        self._drawn: list[int] = []
+
+    def shape(self, i: int) -> SessionShape:
+        rng = rng_for(*self._key, i)
+        if self._order is None:
+            return self._model.make(rng)
+        while len(self._drawn) <= i:
+            self._drawn.append(next(self._order))
+        return self._model.make(self._drawn[i], rng)
 
 
 def poisson_arrivals(rate_per_s: float, start_s: float, end_s: float, rng: np.random.Generator) -> list[float]:
@@ -104,9 +132,9 @@ def plan_sessions(spec: ExperimentSpec, arm: ArmSpec, seed: int) -> list[Session
     base_model = shape_model(workload.sessions)
     base_times = piecewise_poisson_arrivals(segments, duration, rng_for(seed, BASE))
     plans = []
+    before, after = _shape_streams(base_model, shift_model, (seed, BASE))
     for i, t in enumerate(base_times):
-        model = shift_model if t >= shift_at else base_model
-        plans.append(SessionPlan(i, t, model.make(rng_for(seed, BASE, i))))
+        plans.append(SessionPlan(i, t, (after if t >= shift_at else before).shape(i)))
     stream_triggers = [t for t in arm.triggers if isinstance(t, (BurstTrigger, ExtraSessionsTrigger))]
     for j, trig in enumerate(stream_triggers):
         if isinstance(trig, BurstTrigger):
@@ -115,9 +143,15 @@ def plan_sessions(spec: ExperimentSpec, arm: ArmSpec, seed: int) -> list[Session
         elif isinstance(trig, ExtraSessionsTrigger):
             step = trig.duration_s / trig.num_sessions
             times = [trig.start_s + (k + 0.5) * step for k in range(trig.num_sessions)]
+        before, after = _shape_streams(base_model, shift_model, (seed, TRIGGER + j, trig.seed_offset))
         for i, t in enumerate(times):
-            model = shift_model if t >= shift_at else base_model
-            shape = model.make(rng_for(seed, TRIGGER + j, trig.seed_offset, i))
+            shape = (after if t >= shift_at else before).shape(i)
             plans.append(SessionPlan((j + 1) * TRIGGER_SESSION_ID_BASE + i, t, shape, is_trigger=True))
     plans.sort(key=lambda p: (p.arrival_s, p.session_id))
     return plans
+
+
+def _shape_streams(model: ShapeModel, shift_model: Optional[ShapeModel],
+                   key: tuple[int, ...]) -> tuple[ShapeStream, Optional[ShapeStream]]:
+    """A stream's shapes before and after a mix shift (None when there is none)."""
+    return ShapeStream(model, key), (ShapeStream(shift_model, key) if shift_model is not None else None)

@@ -58,6 +58,25 @@ DOC_SAMPLES_SCHEMA = pa.schema(
         ("sessions_arrived_total", pa.int64()),
         ("sessions_completed_total", pa.int64()),
         ("gateway_limit", pa.float64()),
+        ("sessions_admitted", pa.int64()),
+    ]
+)
+
+DOC_SESSIONS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("arm", pa.string()),
+        ("seed", pa.int64()),
+        ("session_id", pa.int64()),
+        ("is_trigger_session", pa.bool_()),
+        ("session_kind", pa.string()),
+        ("num_turns", pa.int32()),
+        ("arrival_s", pa.float64()),
+        ("first_admit_s", pa.float64()),
+        ("finish_s", pa.float64()),
+        ("turns_completed", pa.int32()),
+        ("num_parks", pa.int32()),
+        ("status", pa.string()),
     ]
 )
 
@@ -84,6 +103,13 @@ def turn_row(
 def sample_row(t_s: float, sessions_in_system: int, **overrides: Any) -> dict:
     """One samples.parquet row (write_run_dir fills the rest)."""
     return {"t_s": float(t_s), "sessions_in_system": int(sessions_in_system), **overrides}
+
+
+def session_row(arrival_s: float, first_admit_s: float = math.nan, finish_s: float = math.nan,
+                **overrides: Any) -> dict:
+    """One sessions.parquet row: finished (status completed) when finish_s is given, else in the system."""
+    return {"arrival_s": float(arrival_s), "first_admit_s": float(first_admit_s), "finish_s": float(finish_s),
+            **overrides}
 
 
 def steady_turns(
@@ -147,6 +173,25 @@ def _full_sample(row: Mapping[str, Any], run_id: str) -> dict:
         "sessions_arrived_total": 0,
         "sessions_completed_total": 0,
         "gateway_limit": math.nan,
+        "sessions_admitted": sessions,
+    }
+    full.update(row)
+    return full
+
+
+def _full_session(row: Mapping[str, Any], index: int, run_id: str, arm: str, seed: int) -> dict:
+    finished = not math.isnan(float(row["finish_s"]))
+    full = {
+        "run_id": run_id,
+        "arm": arm,
+        "seed": seed,
+        "session_id": index,
+        "is_trigger_session": False,
+        "session_kind": "synthetic",
+        "num_turns": 25,
+        "turns_completed": 25 if finished else 0,
+        "num_parks": 0,
+        "status": "completed" if finished else "in_system",
     }
     full.update(row)
     return full
@@ -166,11 +211,15 @@ def write_run_dir(
     status: str = "completed",
     spec: Optional[Mapping[str, Any]] = None,
     counts: Optional[Mapping[str, int]] = None,
+    sessions_rows: Optional[Sequence[Mapping[str, Any]]] = None,
+    controller: str = "none",
+    control_start_s: float = 0.0,
 ) -> Path:
-    """Write <root>/runs/<run_id>/{turns.parquet, samples.parquet, run.json}; return the run dir.
+    """Write <root>/runs/<run_id>/{turns,samples[,sessions]}.parquet and run.json; return the run dir.
 
-    Rows may give only some columns (see turn_row / sample_row); the others get plausible
-    defaults. Columns and types are exactly those of docs/results-format.md.
+    Rows may give only some columns (see turn_row / sample_row / session_row); the others get
+    plausible defaults. Columns and types are exactly those of docs/results-format.md. Without
+    sessions_rows no sessions.parquet is written (as in results from before it existed).
     """
     run_dir = Path(root) / "runs" / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -183,6 +232,11 @@ def write_run_dir(
     pq.write_table(
         pa.Table.from_pylist(samples, schema=DOC_SAMPLES_SCHEMA), run_dir / "samples.parquet"
     )
+    if sessions_rows is not None:
+        sessions = [_full_session(row, i, run_id, arm, seed) for i, row in enumerate(sessions_rows)]
+        pq.write_table(
+            pa.Table.from_pylist(sessions, schema=DOC_SESSIONS_SCHEMA), run_dir / "sessions.parquet"
+        )
 
     num_ok_turns = sum(1 for row in turns if row["error"] is None)
     run_json = {
@@ -195,8 +249,8 @@ def write_run_dir(
         "duration_s": float(duration_s),
         "pool_tokens": _POOL_TOKENS,
         "engine": "sim",
-        "controller": "none",
-        "control_start_s": 0.0,
+        "controller": controller,
+        "control_start_s": float(control_start_s),
         "triggers": [dict(t) for t in triggers],
         "reference_trigger_end_s": reference_trigger_end_s,
         "loadgen_version": "0.1.0",

@@ -98,6 +98,10 @@ def test_last_10min_figures(tmp_path: Path) -> None:
         "run_id", "experiment", "arm", "seed", "duration_s", "hit_ratio_last10min",
         "sessions_in_system_last5min", "persistently_degraded", "turns_completed",
         "sessions_completed", "turns_per_s_last10min",
+        # control outcomes (added with the controllers; the fields above are unchanged)
+        "controller", "control_start_s", "collapsed_at_control", "recovered", "recovery_time_min",
+        "cohort_sessions_after_control", "cohort_done_after_control", "cohort_completion_median_min",
+        "cohort_completion_p90_min", "gateway_wait_p90_first_turn_s",
     }
     assert outcome["hit_ratio_last10min"] == pytest.approx((2700 + 100) / (3000 + 1000))
     assert outcome["sessions_in_system_last5min"] == pytest.approx(20.0)
@@ -340,3 +344,154 @@ def test_outcome_table_rows_and_text(tmp_path: Path) -> None:
     assert any(line.strip().startswith("1 |") and "YES" in line for line in lines)
     assert "discordant" in text and "p = 1" in text
     assert "burst-s3" in text  # incomplete runs are mentioned
+
+
+# --------------------------------------------------------------------------------------------
+# Control outcomes (recovery, cohorts, gateway waits)
+
+from loadgen.analysis import (  # noqa: E402
+    collapsed_at,
+    cohort,
+    first_turn_gateway_waits_s,
+    format_recovery_table,
+    quantile_nearest_rank,
+    recovery_time_s,
+)
+
+try:
+    from tests.factories import session_row
+except ImportError:  # pragma: no cover
+    from factories import session_row
+
+CONTROL_S = 1200.0
+
+
+def _collapse_then(hit_after: float, recover_at_s: float, duration_s: float = 3600.0) -> list[dict]:
+    """Turns every 10 s: hit ratio 0.1 before recover_at_s, hit_after from then on."""
+    return steady_turns(0.0, recover_at_s, 10.0, 0.1) + steady_turns(recover_at_s, duration_s, 10.0, hit_after)
+
+
+def test_recovery_time_is_the_first_slid_window_from_which_all_are_recovered(tmp_path: Path) -> None:
+    turns = _turns_table(_collapse_then(0.9, CONTROL_S + 450.0), tmp_path)
+    # windows [1200 + 60k, +300): k = 6 holds 9 turns at 0.1 (ratio 0.66), k = 7 only 3 (0.82)
+    assert recovery_time_s(turns, CONTROL_S, 3600.0) == 420.0
+    assert collapsed_at(turns, CONTROL_S)
+
+
+def test_no_recovery_when_a_later_window_dips_or_follow_up_is_short(tmp_path: Path) -> None:
+    dip = _collapse_then(0.9, 1500.0)
+    dip = [turn_row(r["finish_s"], r["prompt_tokens"], 0 if 3000 <= r["finish_s"] < 3060 else r["cached_tokens"])
+           for r in dip]
+    assert recovery_time_s(_turns_table(dip, tmp_path / "dip"), CONTROL_S, 3600.0) is None
+    # recovered at minute 52 of 60: 8 minutes of follow-up are not the 10 the rule needs
+    late = _turns_table(_collapse_then(0.9, 3120.0), tmp_path / "late")
+    assert recovery_time_s(late, CONTROL_S, 3600.0) is None
+    assert recovery_time_s(late, CONTROL_S, 3600.0, follow_up_s=300.0) == 1920.0
+
+
+def test_a_healthy_run_recovers_at_once_and_an_empty_window_is_not_recovered(tmp_path: Path) -> None:
+    healthy = _turns_table(steady_turns(0.0, 3600.0, 10.0, 0.95), tmp_path / "a")
+    assert recovery_time_s(healthy, CONTROL_S, 3600.0) == 0.0 and not collapsed_at(healthy, CONTROL_S)
+    silent = _turns_table(steady_turns(0.0, 1500.0, 10.0, 0.95) + steady_turns(2400.0, 3600.0, 10.0, 0.95),
+                          tmp_path / "b")
+    # [2100, 2400) is the last window with no finished turn; [2160, 2460) has turns again
+    assert recovery_time_s(silent, CONTROL_S, 3600.0) == 960.0
+    assert collapsed_at(silent, 2400.0)  # nothing finished in the 5 minutes before: degraded
+    assert not collapsed_at(silent, 0.0)
+
+
+def test_nearest_rank_quantiles_keep_unfinished_sessions_infinite() -> None:
+    assert quantile_nearest_rank(np.array([4.0, 1.0, 3.0, 2.0]), 0.5) == 2.0
+    assert quantile_nearest_rank(np.array([4.0, 1.0, 3.0, 2.0]), 0.9) == 4.0
+    assert quantile_nearest_rank(np.array([1.0, np.inf, 2.0]), 0.5) == 2.0
+    assert quantile_nearest_rank(np.array([1.0, np.inf, 2.0]), 0.9) == np.inf
+    assert math.isnan(quantile_nearest_rank(np.zeros(0), 0.5))
+
+
+def _sessions_table(rows: list[dict], tmp_path: Path) -> pa.Table:
+    run_dir = write_run_dir(tmp_path, "r-s1", "r", 1, [], [], [], 3600.0, None, sessions_rows=rows)
+    return load_run(run_dir).sessions
+
+
+def test_cohort_counts_arrivals_in_a_half_open_window(tmp_path: Path) -> None:
+    sessions = _sessions_table([
+        session_row(1100.0, 1100.0, 1400.0),  # before the window
+        session_row(1200.0, 1250.0, 1500.0),  # done after 300 s
+        session_row(1300.0, 1300.0, 2300.0),  # done after 1000 s
+        session_row(2000.0),                  # still waiting at the end
+        session_row(2400.0, 2400.0, 2500.0),  # the window is [1200, 2400)
+    ], tmp_path)
+    c = cohort(sessions, 1200.0, 2400.0)
+    assert (c.num_sessions, c.num_completed) == (3, 2) and c.done_fraction == pytest.approx(2 / 3)
+    assert sorted(c.arrival_to_completion_s) == [300.0, 1000.0, np.inf]
+
+
+def test_first_turn_waits_count_never_admitted_sessions_until_the_end(tmp_path: Path) -> None:
+    sessions = _sessions_table([
+        session_row(100.0, 100.0, 900.0),
+        session_row(200.0, 260.0, 1000.0),
+        session_row(1000.0),               # never admitted: waited 2600 s by the end
+        session_row(2000.0, 2500.0),       # after the first phase
+    ], tmp_path)
+    waits_s = first_turn_gateway_waits_s(sessions, arrived_before_s=1800.0, duration_s=3600.0)
+    assert sorted(waits_s) == [0.0, 60.0, 2600.0]
+
+
+def _control_results(root: Path) -> None:
+    """Arm none stays collapsed after control at 1200 s; arm budgeter recovers 7 minutes in."""
+    spec = {"name": "exp", "arms": [{"name": "none"}, {"name": "budgeter"}]}
+    for seed in (1, 2):
+        cohort_rows = [session_row(1300.0, 1300.0, 1900.0 + 60 * seed), session_row(1500.0, 1700.0, 2100.0),
+                       session_row(100.0, 100.0, 800.0)]
+        write_run_dir(root, f"none-s{seed}", "none", seed, _collapse_then(0.1, 3600.0), [], BURST, 3600.0,
+                      1200.0, spec=spec, controller="none", control_start_s=CONTROL_S,
+                      sessions_rows=[session_row(1300.0, 1300.0), session_row(1500.0, 1500.0)])
+        write_run_dir(root, f"budgeter-s{seed}", "budgeter", seed, _collapse_then(0.9, CONTROL_S + 450.0), [],
+                      BURST, 3600.0, 1200.0, spec=spec, controller="budgeter", control_start_s=CONTROL_S,
+                      sessions_rows=cohort_rows)
+
+
+def test_summary_gains_control_fields_and_a_recovery_table(tmp_path: Path) -> None:
+    _control_results(tmp_path)
+    summary = summarize(tmp_path)
+    by_id = {r["run_id"]: r for r in summary["runs"]}
+    ctl = by_id["budgeter-s1"]
+    assert (ctl["controller"], ctl["control_start_s"], ctl["collapsed_at_control"]) == ("budgeter", 1200.0, True)
+    assert (ctl["recovered"], ctl["recovery_time_min"]) == (True, 7.0)
+    assert ctl["cohort_sessions_after_control"] == 2 and ctl["cohort_done_after_control"] == 1.0
+    assert ctl["cohort_completion_median_min"] == pytest.approx(10.0)  # nearest rank of {11, 10} min
+    assert ctl["gateway_wait_p90_first_turn_s"] == 200.0
+    stuck = by_id["none-s2"]
+    assert (stuck["recovered"], stuck["recovery_time_min"], stuck["cohort_done_after_control"]) == (False, None, 0.0)
+    assert stuck["cohort_completion_median_min"] is None  # unfinished: no number to give
+
+    none_row, budgeter_row = summary["recovery"]
+    assert (none_row["arm"], none_row["num_collapsed"], none_row["num_recovered"]) == ("none", 2, 0)
+    assert budgeter_row["basis"] == "collapsed" and budgeter_row["num_recovered"] == 2
+    assert budgeter_row["recovery_time_min_median"] == 7.0 and budgeter_row["cohort_sessions"] == 4
+    assert budgeter_row["cohort_completion_p90_min"] == pytest.approx(12.0)  # pooled: 10, 10, 11, 12 min
+    json.dumps(summary, allow_nan=False)
+
+    text = format_recovery_table(summary)
+    lines = text.splitlines()
+    assert lines[0] == "Recovery: experiment exp"
+    assert lines[2].split() == ["none", "none", "20", "2/2", "0/2", "-", "0.100", "0.00", "n/f", "n/f"]
+    assert lines[3].split() == ["budgeter", "budgeter", "20", "2/2", "2/2", "7", "(7)", "0.900", "1.00",
+                                "10.0", "12.0"]
+
+
+def test_recovery_times_under_five_minutes_read_less_than_five(tmp_path: Path) -> None:
+    _control_results(tmp_path)
+    summary = summarize(tmp_path)
+    summary["recovery"][1]["recovery_time_min_median"] = 3.0
+    summary["recovery"][1]["recovery_time_min_max"] = 4.0
+    assert "<5 (<5)" in format_recovery_table(summary)
+
+
+def test_no_recovery_table_without_control(tmp_path: Path) -> None:
+    write_run_dir(tmp_path, "a-s1", "a", 1, steady_turns(0.0, 3600.0, 10.0, 0.9), [], [], 3600.0, None)
+    summary = summarize(tmp_path)
+    assert summary["recovery"] is None and format_recovery_table(summary) is None
+    run = summary["runs"][0]  # written without sessions.parquet: cohort measures are undefined
+    assert run["cohort_sessions_after_control"] == 0 and run["cohort_done_after_control"] is None
+    assert run["gateway_wait_p90_first_turn_s"] is None and run["recovered"] is True

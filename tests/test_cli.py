@@ -63,3 +63,20 @@ def test_validate_and_cost_fit():
     assert proc.returncode == 0 and "24" not in proc.stderr and "2 arms x 12 seeds" in proc.stdout
     proc = _loadgen("cost-fit")
     assert proc.returncode == 0 and "t0=" in proc.stdout and "cold prefill 20K" in proc.stdout
+
+
+def test_report_prints_the_recovery_table_only_with_control(tmp_path):
+    data = make_spec_dict()
+    data["arms"][1]["controller"] = {"name": "budgeter", "start_s": 300}
+    spec = tmp_path / "ctl.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    proc = _loadgen("run", str(spec), "--out", str(tmp_path / "ctl"), "--seeds", "1", "--quiet", "--no-figures")
+    assert proc.returncode == 0, proc.stderr
+    assert "Recovery: experiment tiny" in proc.stdout and "budgeter" in proc.stdout
+    summary = json.loads((tmp_path / "ctl" / "summary.json").read_text())
+    assert [row["arm"] for row in summary["recovery"]] == ["base", "burst"]
+
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(yaml.safe_dump(make_spec_dict()))
+    proc = _loadgen("run", str(plain), "--out", str(tmp_path / "plain"), "--seeds", "1", "--quiet", "--no-figures")
+    assert proc.returncode == 0 and "Recovery" not in proc.stdout

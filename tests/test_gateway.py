@@ -64,3 +64,26 @@ def test_control_starts_at_its_time():
     clock.call_at(150.0, lambda: None)
     clock.run()
     assert gw.arrive("b", 10) is not None
+
+
+def test_control_switches_on_by_a_timer_at_its_start_time():
+    starts = []
+
+    class Watch(Policy):
+        name = "test-watch"
+
+        def on_control_start(self, view):
+            starts.append(view.now_s)
+
+    clock = VirtualClock()
+    gw = Gateway(clock, Watch(), pool_tokens=1000, control_start_s=100.0)
+    assert not gw.control_on and gw.limit() != gw.limit()  # NaN: no limit before control
+    clock.call_at(250.0, lambda: None)
+    clock.run()
+    assert starts == [100.0] and gw.control_on  # at its time, though no session event happened then
+
+
+def test_an_empty_gate_admits_whatever_the_limit_says():
+    gw = Gateway(VirtualClock(), Cap(0), pool_tokens=1000)
+    assert gw.arrive("a", 10) is None  # nobody admitted: the liveness rule lets the head in
+    assert gw.arrive("b", 10) is not None

@@ -85,3 +85,16 @@ def test_example_specs_are_valid():
 
     for path in sorted(Path(__file__).parents[1].joinpath("examples").glob("*.yaml")):
         load_spec(path)
+
+
+def test_unknown_controller_param_names_the_controller_and_its_params():
+    data = make_spec_dict()
+    data["arms"][1]["controller"] = {"name": "session-cap", "params": {"k": 10, "khi": 12}}
+    msg = _error(data)
+    assert "arms[1].controller" in msg and "controller 'session-cap'" in msg
+    assert "unknown parameter(s) ['khi']" in msg and "valid parameters: ['k', 'k_hi']" in msg
+
+
+def test_bad_controller_constant_is_a_spec_error():
+    msg = _error(make_spec_dict(controller={"name": "budgeter", "params": {"admit_fraction": 0.99}}))
+    assert "controller: controller 'budgeter': admit_fraction (0.99) must be <= park_fraction (0.95)" in msg

@@ -73,6 +73,7 @@ class Measurement:
     attention_tokens2: float
     decode_context_tokens: float
     source: str = ""
+    num_requests: float = 0.0  # request round trips inside the time (a measured time to first token: 1)
 
     def features(self) -> list[float]:
         return [self.num_steps, self.num_tokens, self.attention_tokens2, self.decode_context_tokens]
@@ -119,6 +120,7 @@ CALIBRATION_QWEN3_8B_MI300X: tuple[Measurement, ...] = (
 class FitResult:
     model: StepCostModel
     rows: list[dict] = field(default_factory=list)
+    request_overhead_s: float = 0.0  # fitted per-request latency outside the engine's steps
 
     @property
     def max_abs_relative_residual(self) -> float:
@@ -132,6 +134,9 @@ class FitResult:
         m = self.model
         lines.append(f"t0={m.t0_s * 1e3:.3f} ms  a={m.a_s_per_token * 1e6:.2f} us/token  "
                      f"b={m.b_s_per_token2 * 1e9:.3f} ns/token^2  g={m.g_s_per_token * 1e9:.2f} ns/token")
+        if self.request_overhead_s:
+            lines.append(f"request overhead (HTTP, tokenization; not part of the step model): "
+                         f"{self.request_overhead_s * 1e3:.2f} ms")
         return "\n".join(lines)
 
 
@@ -152,11 +157,17 @@ def _nnls_small(A: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
-def fit_cost_model(measurements: Sequence[Measurement], name: str = "fitted") -> FitResult:
-    """Least squares on relative error (each row divided by its measured time), constants >= 0."""
+def fit_cost_model(measurements: Sequence[Measurement], name: str = "fitted",
+                   fit_request_overhead: bool = False) -> FitResult:
+    """Least squares on relative error (each row divided by its measured time), constants >= 0.
+
+    With ``fit_request_overhead`` a fifth constant, the latency each measured request adds
+    outside the engine (HTTP, queuing in the server's front end), is fitted on the rows'
+    ``num_requests`` and reported apart from the step model."""
     if len(measurements) < 4:
         raise ValueError(f"need at least 4 measurements to fit 4 constants, got {len(measurements)}")
-    X = np.array([m.features() for m in measurements], dtype=float)
+    X = np.array([m.features() + ([m.num_requests] if fit_request_overhead else []) for m in measurements],
+                 dtype=float)
     y = np.array([m.seconds for m in measurements], dtype=float)
     if np.any(y <= 0):
         raise ValueError("every measurement must take a positive time")
@@ -171,7 +182,7 @@ def fit_cost_model(measurements: Sequence[Measurement], name: str = "fitted") ->
          "relative_residual": float((p - m.seconds) / m.seconds), "source": m.source}
         for m, p in zip(measurements, pred)
     ]
-    return FitResult(model, rows)
+    return FitResult(model, rows, float(coef[4]) if fit_request_overhead else 0.0)
 
 
 # The preset is the fit above, frozen so that results do not move when numpy's least squares
@@ -184,7 +195,68 @@ QWEN3_8B_MI300X = StepCostModel(
     name="qwen3-8b-mi300x",
 )
 
-PRESETS: dict[str, StepCostModel] = {"qwen3-8b-mi300x": QWEN3_8B_MI300X}
+@dataclass(frozen=True)
+class TransformerShape:
+    """The sizes of a dense decoder-only transformer (its config.json) that step costs scale with."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """K and V of every layer for one token (BF16: 2 bytes)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+    def non_embedding_params(self) -> int:
+        """q, k, v, o projections and the gated MLP of every layer (norms are negligible)."""
+        q_width = self.num_attention_heads * self.head_dim
+        kv_width = self.num_kv_heads * self.head_dim
+        per_layer = self.hidden_size * (2 * q_width + 2 * kv_width) + 3 * self.hidden_size * self.intermediate_size
+        return self.num_layers * per_layer
+
+    def weight_params(self) -> int:
+        embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        return self.non_embedding_params() + embeddings
+
+    def attention_width(self) -> int:
+        """Prefill attention work per (query, key) token pair is proportional to this."""
+        return self.num_layers * self.num_attention_heads * self.head_dim
+
+
+# From the models' config.json files (Hugging Face Qwen/Qwen3-8B, Qwen/Qwen3-32B).
+QWEN3_8B = TransformerShape("Qwen3-8B", num_layers=36, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
+                            head_dim=128, intermediate_size=12288, vocab_size=151936)
+QWEN3_32B = TransformerShape("Qwen3-32B", num_layers=64, hidden_size=5120, num_attention_heads=64, num_kv_heads=8,
+                             head_dim=128, intermediate_size=25600, vocab_size=151936)
+
+
+def scale_cost_model(base: StepCostModel, base_shape: TransformerShape, shape: TransformerShape,
+                     name: str) -> StepCostModel:
+    """The step costs of ``shape`` on the accelerator ``base`` was fitted on, by compute and memory ratios.
+
+    t0, the per-step overhead, is mostly streaming every weight once per step: x weight bytes.
+    a, per scheduled token, is the projections and MLP (2 FLOPs a weight): x non-embedding parameters.
+    b, per prefill (query, key) pair, is attention's QK^T and PV: x layers x query heads x head_dim.
+    g, per decode context token, is reading its K and V: x KV bytes per token.
+    A derivation, not a fit: nothing here was measured on the target model (docs/cost-model.md)."""
+    return StepCostModel(
+        t0_s=base.t0_s * shape.weight_params() / base_shape.weight_params(),
+        a_s_per_token=base.a_s_per_token * shape.non_embedding_params() / base_shape.non_embedding_params(),
+        b_s_per_token2=base.b_s_per_token2 * shape.attention_width() / base_shape.attention_width(),
+        g_s_per_token=base.g_s_per_token * shape.kv_bytes_per_token() / base_shape.kv_bytes_per_token(),
+        name=name,
+    )
+
+
+QWEN3_32B_MI300X = scale_cost_model(QWEN3_8B_MI300X, QWEN3_8B, QWEN3_32B, "qwen3-32b-mi300x")
+
+PRESETS: dict[str, StepCostModel] = {"qwen3-8b-mi300x": QWEN3_8B_MI300X, "qwen3-32b-mi300x": QWEN3_32B_MI300X}
 
 
 def get_preset(name: str) -> StepCostModel:

@@ -1,0 +1,153 @@
+"""The controller actor: one per engine, the gate every session of that engine asks before each turn.
+
+It hosts the same ``loadgen.gateway.Gateway`` actuator with the same ``controllers/`` policy as
+an in-process run, on a wall clock that shares the run's time origin with the session fleets.
+Sessions reach it through ``actors.fleet.RemoteGate``: ``arrive``/``before_turn`` answer at
+once whether the session may go; a session told to wait then awaits ``admitted``, which returns
+when the gateway re-admits it. Being the one place that sees the gateway, it also does the
+run-level work of a live run: the preflight, the flush triggers and the sampler (the sessions'
+counts come from the fleets, the engine's gauges from its /metrics, the rows go to the recorder).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any, Optional
+
+import ray
+
+from controllers import make_policy
+from loadgen.clock import WallClock
+from loadgen.gateway import Gateway
+from loadgen.http_client import EndpointOptions, OpenAIEngineClient, PreflightError
+from loadgen.live import max_context_tokens
+from loadgen.runner import sample_row
+from loadgen.session import RunEnv, SessionCounts
+from loadgen.spec import ExperimentSpec, FlushTrigger
+
+
+@dataclasses.dataclass
+class FleetCounts:
+    """What one fleet reports for one run: its sessions by state and its completed turns."""
+
+    sessions: SessionCounts
+    turns_completed: int = 0
+
+
+def merge_counts(reports: list[FleetCounts]) -> FleetCounts:
+    total = SessionCounts()
+    for report in reports:
+        for field in dataclasses.fields(SessionCounts):
+            setattr(total, field.name, getattr(total, field.name) + getattr(report.sessions, field.name))
+    return FleetCounts(total, sum(r.turns_completed for r in reports))
+
+
+@dataclasses.dataclass
+class TurnTally:
+    """Stands in for the recorder in ``sample_row``: the rows themselves live in the recorder actor."""
+
+    turns_completed: int
+
+
+@ray.remote(num_cpus=0)
+class ControllerActor:
+    def __init__(self, spec: ExperimentSpec, arm: str, run_id: str, endpoint: EndpointOptions) -> None:
+        self.spec = spec
+        self.arm = spec.arm(arm)
+        self.run_id = run_id
+        self.endpoint = endpoint
+        self.client: Optional[OpenAIEngineClient] = None
+        self.clock: Optional[WallClock] = None
+        self.gateway: Optional[Gateway] = None
+        self.waiting: dict[Any, Any] = {}  # session -> the gateway's future it waits on
+        self.stopped: Optional[asyncio.Event] = None
+
+    async def preflight(self, pool_tokens: int, flush_before_run: bool) -> dict:
+        """The live path's preflight against the run's engine; then a fresh prefix cache."""
+        self.client = OpenAIEngineClient(WallClock(), self.endpoint)
+        result = await self.client.preflight(max_context_tokens(self.spec), pool_tokens)
+        if flush_before_run:
+            try:
+                await self.client.flush_async()
+                result["flushed_before_run"] = True
+            except PreflightError as exc:
+                result["flushed_before_run"] = f"no: {exc}"
+            self.client.flush_times_s.clear()
+        return result
+
+    async def begin(self, origin_epoch_s: float) -> None:
+        """The gateway on a clock whose run time 0 is ``origin_epoch_s``: ready before any session asks."""
+        self.clock = WallClock(self.spec.time_scale, origin_epoch_s=origin_epoch_s)
+        self.client.clock = self.clock
+        ctl = self.spec.controller_for(self.arm)
+        self.gateway = Gateway(self.clock, make_policy(ctl.name, **ctl.params), self.client.pool_tokens, ctl.start_s)
+        self.stopped = asyncio.Event()
+
+    async def run(self, fleets: list, recorder) -> dict:
+        """Flush and sample until the run's end or ``stop``; returns what the flushes did."""
+        clock = self.clock
+        flush_errors: list[str] = []
+        flushes: set[asyncio.Task] = set()
+
+        async def flush() -> None:
+            try:
+                await self.client.flush_async()
+            except PreflightError as exc:
+                flush_errors.append(str(exc))
+
+        for trig in self.arm.triggers:
+            if isinstance(trig, FlushTrigger):
+                clock.call_at(trig.at_s, lambda: flushes.add(asyncio.ensure_future(flush())))
+        sampler = asyncio.ensure_future(self._sample_until_end(clock, fleets, recorder))
+        try:
+            await asyncio.wait([sampler, asyncio.ensure_future(self.stopped.wait())],
+                               return_when=asyncio.FIRST_COMPLETED)
+            if sampler.done():
+                sampler.result()  # a fleet that died fails the run here
+        finally:
+            sampler.cancel()
+            await asyncio.gather(sampler, *flushes, return_exceptions=True)
+            await self.client.close()
+        return {"flush_times_s": self.client.flush_times_s, "flush_errors": flush_errors}
+
+    async def _sample_until_end(self, clock: WallClock, fleets: list, recorder) -> None:
+        interval = self.spec.recording.sample_interval_s
+        i = 0
+        while i * interval <= self.spec.duration_s + 1e-9:
+            await clock.sleep(i * interval - clock.now())
+            now = clock.now()
+            metrics, reports = await asyncio.gather(
+                self.client.metrics_async(), asyncio.gather(*(f.counts.remote(self.run_id) for f in fleets)))
+            counts = merge_counts(list(reports))
+            env = RunEnv(clock, self.client, self.gateway, TurnTally(counts.turns_completed), counts.sessions)
+            recorder.sample.remote(self.run_id, sample_row(env, metrics, now), now)
+            i += 1
+        # the last sample is at duration_s: wait for the run's end itself
+        await clock.sleep(self.spec.duration_s - clock.now())
+
+    def stop(self) -> None:
+        if self.stopped is not None:
+            self.stopped.set()
+
+    # ------------------------------------------------------------ the gate (RemoteGate's other end)
+    def arrive(self, session: Any, demand_tokens: int) -> bool:
+        return self._go(session, self.gateway.arrive(session, demand_tokens))
+
+    def before_turn(self, session: Any, demand_tokens: int) -> bool:
+        return self._go(session, self.gateway.before_turn(session, demand_tokens))
+
+    def _go(self, session: Any, wait: Optional[asyncio.Future]) -> bool:
+        if wait is None:
+            return True
+        self.waiting[session] = wait
+        return False
+
+    async def admitted(self, session: Any) -> None:
+        await self.waiting.pop(session)
+
+    def turn_completed(self, session: Any, latency_s: float) -> None:
+        self.gateway.turn_completed(session, latency_s)
+
+    def session_ended(self, session: Any) -> None:
+        self.gateway.session_ended(session)

@@ -1,0 +1,164 @@
+"""Session fleets: async actors that host many sessions of one or more runs as asyncio tasks.
+
+A run's sessions are sharded over the sweep's fleets (session i goes to fleet i mod F). A
+session is a coroutine, cheap; a process per session is not (RAY-NOTES.md). Each session runs
+the unchanged ``loadgen.session.run_session`` loop against the run's engine over HTTP, on a
+wall clock that shares the run's time origin, with two stand-ins: ``RemoteGate`` for the
+gateway (the run's controller actor answers) and ``RecorderProxy`` for the recorder (calls are
+shipped in batches to the recorder actor, which writes the Parquet files).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Optional
+
+import ray
+
+from loadgen.clock import WallClock
+from loadgen.http_client import EndpointOptions, OpenAIEngineClient
+from loadgen.session import RetryPolicy, RunEnv, SessionCounts, run_session
+from loadgen.workload import SessionPlan
+
+from .controller import FleetCounts
+
+SHIP_INTERVAL_S = 1.0  # wall seconds between batches to the recorder: what a dead fleet can lose
+
+
+class RemoteGate:
+    """The run's gateway seen from a fleet: each question is a call to the controller actor.
+
+    ``arrive``/``before_turn`` are coroutines (``answers_later``): the session awaits the answer,
+    None to go or an awaitable that resolves when the gateway admits it again."""
+
+    answers_later = True
+
+    def __init__(self, controller) -> None:
+        self.controller = controller
+
+    async def arrive(self, session: Any, demand_tokens: int) -> Optional[Awaitable]:
+        if await self.controller.arrive.remote(session, demand_tokens):
+            return None
+        return self.controller.admitted.remote(session)
+
+    async def before_turn(self, session: Any, demand_tokens: int) -> Optional[Awaitable]:
+        if await self.controller.before_turn.remote(session, demand_tokens):
+            return None
+        return self.controller.admitted.remote(session)
+
+    # nothing waits on these: the session goes on while the controller catches up
+    def turn_completed(self, session: Any, latency_s: float) -> None:
+        self.controller.turn_completed.remote(session, latency_s)
+
+    def session_ended(self, session: Any) -> None:
+        self.controller.session_ended.remote(session)
+
+
+class RecorderProxy:
+    """``RunRecorder``'s session-side surface; the calls are replayed in order by the recorder actor."""
+
+    _TURN_ERROR_ARG = 12  # position of ``error`` in RunRecorder.turn
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, tuple]] = []
+        self.turns_completed = 0
+
+    def session_arrived(self, *args: Any) -> None:
+        self.events.append(("session_arrived", args))
+
+    def session_admitted(self, *args: Any) -> None:
+        self.events.append(("session_admitted", args))
+
+    def session_parked(self, *args: Any) -> None:
+        self.events.append(("session_parked", args))
+
+    def session_ended(self, *args: Any) -> None:
+        self.events.append(("session_ended", args))
+
+    def turn(self, *args: Any) -> None:
+        self.events.append(("turn", args))
+        if args[self._TURN_ERROR_ARG] is None:
+            self.turns_completed += 1
+
+    def take(self) -> list[tuple[str, tuple]]:
+        events, self.events = self.events, []
+        return events
+
+
+@dataclass
+class LiveRunSettings:
+    """How a fleet drives its share of one run (the same for every fleet of the run)."""
+
+    run_id: str
+    endpoint: EndpointOptions
+    prompt_mode: str
+    retry: RetryPolicy
+    time_scale: float
+    origin_epoch_s: float
+    duration_s: float
+
+
+@dataclass
+class _FleetRun:
+    env: RunEnv
+    recorder_proxy: RecorderProxy
+    stop: asyncio.Event
+    tasks: set = field(default_factory=set)
+
+
+@ray.remote(num_cpus=0)
+class SessionFleet:
+    def __init__(self) -> None:
+        self.runs: dict[str, _FleetRun] = {}
+
+    async def run(self, settings: LiveRunSettings, plans: list[SessionPlan], controller, recorder) -> FleetCounts:
+        """Run these sessions from run time 0 to the end (or ``stop``); returns the final counts."""
+        clock = WallClock(settings.time_scale, origin_epoch_s=settings.origin_epoch_s)
+        client = OpenAIEngineClient(clock, settings.endpoint)
+        client.prompt_mode = settings.prompt_mode  # settled by the controller's preflight
+        proxy = RecorderProxy()
+        env = RunEnv(clock, client, RemoteGate(controller), proxy, retry=settings.retry)
+        state = _FleetRun(env, proxy, asyncio.Event())
+        self.runs[settings.run_id] = state
+
+        def start(plan: SessionPlan) -> None:
+            task = clock.spawn(run_session(plan, env))
+            state.tasks.add(task)
+            task.add_done_callback(state.tasks.discard)
+
+        for plan in plans:
+            clock.call_at(plan.arrival_s, start, plan)
+        shipper = asyncio.ensure_future(self._ship_until_stopped(settings.run_id, proxy, recorder))
+        try:
+            await asyncio.wait([asyncio.ensure_future(state.stop.wait()),
+                                asyncio.ensure_future(clock.sleep(settings.duration_s - clock.now()))],
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            shipper.cancel()
+            for task in list(state.tasks):
+                task.cancel()
+            await asyncio.gather(shipper, *state.tasks, return_exceptions=True)
+            await client.close()
+        await recorder.record.remote(settings.run_id, proxy.take())
+        return self.counts(settings.run_id)
+
+    async def _ship_until_stopped(self, run_id: str, proxy: RecorderProxy, recorder) -> None:
+        clock = WallClock()
+        while True:
+            await clock.sleep(SHIP_INTERVAL_S)
+            events = proxy.take()
+            if events:
+                await recorder.record.remote(run_id, events)
+
+    def counts(self, run_id: str) -> FleetCounts:
+        """This fleet's sessions of the run by state (zeros before its first session arrives)."""
+        state = self.runs.get(run_id)
+        if state is None:
+            return FleetCounts(SessionCounts())
+        return FleetCounts(state.env.counts, state.recorder_proxy.turns_completed)
+
+    def stop(self, run_id: str) -> None:
+        state = self.runs.get(run_id)
+        if state is not None:
+            state.stop.set()

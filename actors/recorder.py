@@ -1,0 +1,45 @@
+"""The recorder actor: writes every live run's Parquet files as the run goes, on the driver's node.
+
+One per sweep, pinned to the node of the process that started the sweep (its results directory
+is there). It holds a ``loadgen.recording.RunRecorder`` per open run and replays onto it what
+the fleets' ``RecorderProxy`` objects queued, in their order, and the controller's samples; so
+the files, their parts and their crash safety are exactly those of an in-process run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ray
+
+from loadgen.recording import RunRecorder
+
+# what a RecorderProxy may ask for: never an arbitrary attribute of the recorder
+_REPLAYABLE = frozenset({"session_arrived", "session_admitted", "session_parked", "session_ended", "turn"})
+
+
+@ray.remote(num_cpus=0)
+class RecorderActor:
+    def __init__(self) -> None:
+        self.recorders: dict[str, RunRecorder] = {}
+
+    def open(self, run_dir: str, run_id: str, arm: str, seed: int, flush_interval_s: float) -> None:
+        self.recorders[run_id] = RunRecorder(Path(run_dir), run_id, arm, seed, flush_interval_s)
+
+    def record(self, run_id: str, events: list[tuple[str, tuple]]) -> None:
+        recorder = self.recorders[run_id]
+        for name, args in events:
+            if name not in _REPLAYABLE:
+                raise ValueError(f"not a recorder event: {name!r}")
+            getattr(recorder, name)(*args)
+
+    def sample(self, run_id: str, row: dict, now_s: float) -> None:
+        recorder = self.recorders[run_id]
+        recorder.sample(row)
+        recorder.maybe_flush(now_s)
+
+    def close(self, run_id: str) -> int:
+        """Write what is buffered and merge the parts; returns the run's completed turns."""
+        recorder = self.recorders.pop(run_id)
+        recorder.close()
+        return recorder.turns_completed

@@ -1,0 +1,138 @@
+"""``loadgen calibrate``: fit the simulated engine's step-cost model to a real engine.
+
+A short measured run against the endpoint, each measurement written as one row of the
+cost model's least-squares problem (loadgen/sim/cost.py):
+
+* cold prefills at several context lengths: a fresh random prompt, one output token; the time to
+  first token is the prefill (chunked by the server's step budget) plus the request's own
+  round trip, a constant fitted alongside (a one-block prompt pins it down) and kept out of the
+  step model;
+* incremental prefills on cached prefixes: a prompt is sent once to be cached, then sent again
+  with new tokens appended; the second request's time to first token prefills only the new
+  tokens on top of what the server reports as cached;
+* decode at several batch sizes and contexts: a batch of warm prompts generating together; the
+  mean time per token after the first is one decode step of the batch.
+
+Every measurement is repeated and the median kept. Pool size and block size come from the
+server's /metrics. The result is a ``cost.json`` that a spec takes as ``engine.cost_model``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from dataclasses import dataclass, field, replace
+from typing import Callable, Optional
+
+import numpy as np
+
+from .engines import TurnRequest, TurnResult
+from .http_client import OpenAIEngineClient, PreflightError
+from .sim.cost import FitResult, Measurement, decode_step, fit_cost_model, prefill
+
+
+def _ttft(m: Measurement) -> Measurement:
+    """A time-to-first-token row: one request round trip is inside the measured time."""
+    return replace(m, num_requests=1.0)
+
+
+@dataclass(frozen=True)
+class CalibrationPlan:
+    cold_contexts: tuple[int, ...] = (16, 1000, 2000, 4000, 8000, 12000, 16000)
+    incremental: tuple[tuple[int, int], ...] = ((2000, 1000), (6000, 500), (12000, 1000), (16000, 250))
+    decode: tuple[tuple[int, int], ...] = ((1, 1000), (1, 8000), (4, 2000), (8, 4000), (16, 1000))
+    decode_tokens: int = 32
+    repeats: int = 3
+    chunk_tokens: int = 8192  # the server's max_num_batched_tokens
+
+    def largest_context(self) -> int:
+        return max([*self.cold_contexts, *(c + n for c, n in self.incremental),
+                    *(c + self.decode_tokens for _, c in self.decode)])
+
+
+@dataclass
+class CalibrationResult:
+    fit: FitResult
+    pool_tokens: Optional[int]
+    block_size: Optional[int]
+    measurements: list[Measurement] = field(default_factory=list)
+
+
+class Calibrator:
+    def __init__(self, client: OpenAIEngineClient, plan: CalibrationPlan, time_scale: float = 1.0,
+                 seed: int = 0, log: Callable[[str], None] = lambda msg: None) -> None:
+        self.client = client
+        self.plan = plan
+        self.time_scale = time_scale  # a scaled serve-sim runs time_scale x faster than the wall clock
+        self.rng = np.random.Generator(np.random.PCG64(seed))
+        self.log = log
+        self._ids = 0
+
+    def _prompt(self, num_tokens: int) -> list[int]:
+        # random ids: no measurement shares a prefix with another by accident
+        return self.rng.integers(1, 29000, size=num_tokens).tolist()
+
+    async def _send(self, ids: list[int], max_tokens: int) -> TurnResult:
+        self._ids += 1
+        result = await self.client.generate(TurnRequest(-1, self._ids, len(ids), max_tokens, token_ids=ids))
+        if result.error:
+            raise PreflightError(f"calibration request failed: {result.error}")
+        return result
+
+    def _s(self, seconds: float) -> float:
+        return seconds * self.time_scale
+
+    async def cold(self, context: int) -> Measurement:
+        times = []
+        for _ in range(self.plan.repeats):
+            r = await self._send(self._prompt(context), 1)
+            times.append(self._s(r.first_token_s - r.submitted_s))
+        return _ttft(prefill(f"cold prefill {context}", statistics.median(times), context,
+                             chunk_tokens=self.plan.chunk_tokens, source="measured"))
+
+    async def incremental(self, cached: int, new: int) -> Measurement:
+        times, hits = [], []
+        for _ in range(self.plan.repeats):
+            base = self._prompt(cached)
+            await self._send(base, 1)
+            r = await self._send(base + self._prompt(new), 1)
+            times.append(self._s(r.first_token_s - r.submitted_s))
+            hits.append(r.cached_tokens)
+        hit = int(statistics.median(hits))
+        return _ttft(prefill(f"{new} new on {cached} cached (hit {hit})", statistics.median(times),
+                             cached + new - hit, hit, chunk_tokens=self.plan.chunk_tokens, source="measured"))
+
+    async def decode(self, batch: int, context: int) -> Measurement:
+        m = self.plan.decode_tokens
+        steps = []
+        for _ in range(self.plan.repeats):
+            prompts = [self._prompt(context) for _ in range(batch)]
+            await asyncio.gather(*(self._send(p, 1) for p in prompts))  # warm: the batch then only decodes
+            results = await asyncio.gather(*(self._send(p, m) for p in prompts))
+            per_token = [self._s(r.finish_s - r.first_token_s) / (m - 1) for r in results]
+            steps.append(statistics.median(per_token))
+        return decode_step(f"decode batch {batch} at {context}", statistics.median(steps), batch,
+                           context + m // 2, source="measured")
+
+    async def run(self) -> list[Measurement]:
+        rows = []
+        for context in self.plan.cold_contexts:
+            rows.append(await self.cold(context))
+            self.log(f"  {rows[-1].label}: {rows[-1].seconds * 1e3:.1f} ms")
+        for cached, new in self.plan.incremental:
+            rows.append(await self.incremental(cached, new))
+            self.log(f"  {rows[-1].label}: {rows[-1].seconds * 1e3:.1f} ms")
+        for batch, context in self.plan.decode:
+            rows.append(await self.decode(batch, context))
+            self.log(f"  {rows[-1].label}: {rows[-1].seconds * 1e3:.2f} ms/step")
+        return rows
+
+
+async def calibrate(client: OpenAIEngineClient, plan: CalibrationPlan, name: str, time_scale: float = 1.0,
+                    log: Callable[[str], None] = lambda msg: None) -> CalibrationResult:
+    info = await client.preflight(plan.largest_context())
+    log(f"calibrating {client.base} ({info['model']}, pool {info['pool_tokens']} tokens)")
+    rows = await Calibrator(client, plan, time_scale, log=log).run()
+    scraped = client.last_metrics
+    return CalibrationResult(fit_cost_model(rows, name=name, fit_request_overhead=True), info["pool_tokens"],
+                             scraped.block_size if scraped else None, rows)

@@ -1,0 +1,54 @@
+"""The controller experiments of examples/ say what SPEC.md section 8 says and run on the simulated engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controllers import POLICIES
+from loadgen.analysis import summarize
+from loadgen.runner import run_experiment, run_keys
+from loadgen.spec import load_spec
+
+EXAMPLES = Path(__file__).parents[1] / "examples"
+
+
+def _controllers(name: str) -> dict[str, tuple[str, dict, float]]:
+    spec = load_spec(EXAMPLES / f"{name}.yaml")
+    return {arm.name: (spec.controller_for(arm).name, spec.controller_for(arm).params,
+                       spec.controller_for(arm).start_s) for arm in spec.arms}
+
+
+def test_recovery_arms_are_the_six_limits_from_minute_20():
+    spec = load_spec(EXAMPLES / "recovery.yaml")
+    assert (spec.workload.arrival_rate_per_s, spec.duration_s, spec.seeds) == (0.04, 3600.0, list(range(1, 17)))
+    assert _controllers("recovery") == {name: (name, {}, 1200.0) for name in POLICIES}
+    for arm in spec.arms:
+        (burst,) = arm.triggers
+        assert (burst.kind, burst.extra_rate_factor, burst.start_s, burst.duration_s) == ("burst", 1.0, 600.0, 240.0)
+
+
+def test_mix_shift_and_threshold_arms():
+    assert _controllers("mix-shift") == {
+        "none": ("none", {}, 0.0),
+        "cap-10": ("session-cap", {"k": 10, "k_hi": 12}, 0.0),
+        "cap-14": ("session-cap", {"k": 14, "k_hi": 17}, 0.0),
+        "cap-22": ("session-cap", {"k": 22, "k_hi": 27}, 0.0),
+        "cap-34": ("session-cap", {"k": 34, "k_hi": 41}, 0.0),
+        "adaptive-cap": ("adaptive-cap", {}, 0.0),
+        "budgeter": ("budgeter", {}, 0.0),
+    }
+    bands = {arm: params for arm, (_, params, _) in _controllers("thresholds").items()}
+    assert bands == {"none": {}, **{f"budgeter-{a}-{p}": {"admit_fraction": a, "park_fraction": p}
+                                    for a, p in ((0.65, 0.85), (0.75, 0.95), (0.85, 0.98))}}
+    assert _controllers("flush") == {"none": ("none", {}, 0.0), "budgeter": ("budgeter", {}, 0.0)}
+
+
+@pytest.mark.parametrize("name", ["recovery", "flush", "mix-shift", "thresholds"])
+def test_controller_example_runs_every_arm_on_the_simulated_engine(tmp_path, name):
+    spec = load_spec(EXAMPLES / f"{name}.yaml")
+    results = run_experiment(spec, tmp_path, run_keys(spec, [spec.seeds[0]]))
+    assert [r["status"] for r in results] == ["completed"] * len(spec.arms)
+    summary = summarize(tmp_path)
+    assert [row["arm"] for row in summary["recovery"]] == [arm.name for arm in spec.arms]
