@@ -31,6 +31,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         spec = spec.model_copy(update={"engine": engine})
     elif args.model:
         raise SpecError("--model needs --endpoint")
+    if spec.engine.kind in ("vllm", "sglang", "serve_sim"):
+        raise SpecError(f"{args.spec}: engine kind {spec.engine.kind!r} is launched on a Ray cluster by "
+                        "`loadgen sweep` (or run against a server you started: --endpoint URL)")
     if args.time_scale is not None:
         if args.time_scale <= 0:
             raise SpecError(f"--time-scale must be > 0, got {args.time_scale}")
@@ -63,6 +66,53 @@ def _cmd_run(args: argparse.Namespace) -> int:
                        on_run_start=started, on_run_done=done, wall_time=time.perf_counter)
     for run_id, error in failed:
         console.print(f"[red]run {run_id} failed:[/red] {error}")
+    if not args.no_report:
+        _report(out, console, figures=not args.no_figures)
+    return 1 if failed else 0
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from .runner import run_keys
+
+    try:  # Ray only for the commands that need a cluster
+        from actors.cluster import ray_cluster
+        from actors.sweep import SweepError, run_sweep
+    except ImportError as exc:
+        raise SpecError(f"loadgen sweep needs Ray ({exc}): pip install 'agent-loadgen[ray]'") from None
+    console = Console(stderr=True, quiet=args.quiet)
+    spec = load_spec(args.spec)
+    seeds = parse_seeds(args.seeds) if args.seeds else None
+    arms = args.arms.split(",") if args.arms else None
+    try:
+        keys = run_keys(spec, seeds, arms)
+    except (ValueError, KeyError) as exc:
+        raise SpecError(f"{args.spec}: {exc}") from None
+    out = Path(args.out)
+    finished: list = []
+
+    def started(start) -> None:
+        where = start.placement
+        if where.get("node_ip"):
+            console.print(f"{start.key.run_id}: on {where['node_ip']}, GPUs {where.get('gpu_ids') or 'none'}")
+
+    def done(key, info) -> None:
+        finished.append((key, info))
+        counts = info.get("counts", {})
+        console.print(f"{key.run_id}: {info.get('status')}, {counts.get('turns_completed', 0)} turns"
+                      + (f" ({info.get('error')})" if info.get("error") else ""))
+
+    try:
+        with ray_cluster(args.address):
+            results = run_sweep(spec, out, keys, spec_dir=Path(args.spec).resolve().parent, num_fleets=args.fleets,
+                                on_run_start=started, on_run_done=done)
+    except SweepError as exc:
+        raise SpecError(f"{args.spec}: {exc}") from None
+    console.print(f"{len(keys) - len(finished)} of {len(keys)} runs already completed (skipped), {len(finished)} ran")
+    failed = [info for info in results if info.get("status") != "completed"]
+    for info in failed:
+        console.print(f"[red]run {info['run_id']} failed:[/red] {info.get('error')}")
     if not args.no_report:
         _report(out, console, figures=not args.no_figures)
     return 1 if failed else 0
@@ -212,6 +262,23 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import compare_runs, format_comparison, write_comparison
+
+    for d in (args.real_dir, args.sim_dir):
+        if not (Path(d) / "runs").is_dir():
+            raise SpecError(f"{d}: not a results directory (no runs/ folder)")
+    try:
+        result = compare_runs(Path(args.real_dir), Path(args.sim_dir), width_s=args.window_min * 60)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    print(format_comparison(result), flush=True)
+    out = Path(args.out) if args.out else Path(args.real_dir) / "compare"
+    paths = write_comparison(result, out)
+    print(f"wrote {out / 'compare.json'} and {len(paths)} figures", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="loadgen", description=__doc__)
     parser.add_argument("--version", action="version", version=f"agent-loadgen {__version__}")
@@ -229,6 +296,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--model", help="served model name (with --endpoint; default: the first one served)")
     run.add_argument("--time-scale", type=float, help="compress every workload time X-fold (live runs)")
     run.set_defaults(func=_cmd_run)
+
+    sweep = sub.add_parser("sweep", help="run arms x seeds on a Ray cluster (engines on their own GPUs); resumes")
+    sweep.add_argument("spec", help="experiment spec (YAML)")
+    sweep.add_argument("--out", required=True, help="results directory on this node; a re-run skips completed runs")
+    sweep.add_argument("--address", help="Ray cluster to join (default: $RAY_ADDRESS, else a new local cluster)")
+    sweep.add_argument("--seeds", help="only these seeds, e.g. 501-503 or 1,4")
+    sweep.add_argument("--arms", help="only these arms, comma-separated")
+    sweep.add_argument("--fleets", type=int, help="session-fleet actors (default: one per node, at least 2)")
+    sweep.add_argument("--no-report", action="store_true", help="skip summary, table and figures")
+    sweep.add_argument("--no-figures", action="store_true", help="summary and table only")
+    sweep.add_argument("--quiet", action="store_true", help="no per-run lines")
+    sweep.set_defaults(func=_cmd_sweep)
 
     serve = sub.add_parser("serve-sim", help="serve the simulated engine behind vLLM's HTTP API")
     serve.add_argument("--host", default="127.0.0.1")
@@ -259,6 +338,13 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--time-scale", type=float, default=1.0, help="the server runs X times faster than real time "
                                                                  "(a scaled serve-sim)")
     cal.set_defaults(func=_cmd_calibrate)
+
+    compare = sub.add_parser("compare", help="a real engine's results beside the simulator's, run by run")
+    compare.add_argument("real_dir")
+    compare.add_argument("sim_dir")
+    compare.add_argument("--window-min", type=float, default=5.0, help="window width in minutes")
+    compare.add_argument("--out", help="where compare.json and figures go (default REAL_DIR/compare)")
+    compare.set_defaults(func=_cmd_compare)
 
     validate = sub.add_parser("validate", help="check a spec without running it")
     validate.add_argument("spec")

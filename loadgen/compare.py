@@ -1,0 +1,126 @@
+"""``loadgen compare REAL_DIR SIM_DIR``: the same spec and seeds on a real engine and in the
+calibrated simulator, side by side.
+
+Runs are matched by run id (arm x seed). Per matched run: per-window hit ratio, turn throughput
+and mean sessions in the system for both; agreement figures: whether the end state (persistently
+degraded or not) is the same, the mean absolute per-window hit-ratio difference, and the mean
+absolute difference in throughput and sessions. Writes ``compare.json`` and one PNG per run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .analysis import load_run, run_outcome, window_series
+from .recording import write_json_atomic
+
+
+def _sessions_per_window(samples, starts: np.ndarray, width_s: float) -> np.ndarray:
+    t = np.asarray(samples.column("t_s").to_numpy(zero_copy_only=False), dtype=float)
+    n = np.asarray(samples.column("sessions_in_system").to_numpy(zero_copy_only=False), dtype=float)
+    out = np.full(len(starts), math.nan)
+    for i, start in enumerate(starts):
+        mask = (t >= start) & (t < start + width_s)
+        if mask.any():
+            out[i] = n[mask].mean()
+    return out
+
+
+def _mean_abs_diff(a: np.ndarray, b: np.ndarray) -> Optional[float]:
+    mask = np.isfinite(a) & np.isfinite(b)
+    return float(np.abs(a[mask] - b[mask]).mean()) if mask.any() else None
+
+
+def compare_runs(real_dir: Path, sim_dir: Path, width_s: float = 300.0) -> dict:
+    real_runs = {p.name: p for p in sorted((Path(real_dir) / "runs").glob("*")) if (p / "run.json").exists()}
+    sim_runs = {p.name: p for p in sorted((Path(sim_dir) / "runs").glob("*")) if (p / "run.json").exists()}
+    common = sorted(set(real_runs) & set(sim_runs))
+    if not common:
+        raise ValueError(f"no run ids in common between {real_dir} ({sorted(real_runs)}) and "
+                         f"{sim_dir} ({sorted(sim_runs)})")
+    runs = []
+    for run_id in common:
+        real, sim = load_run(real_runs[run_id]), load_run(sim_runs[run_id])
+        duration = min(real.run_json["duration_s"], sim.run_json["duration_s"])
+        rw = window_series(real.turns, 0.0, duration, width_s)
+        sw = window_series(sim.turns, 0.0, duration, width_s)
+        r_sess = _sessions_per_window(real.samples, rw.window_starts_s, width_s)
+        s_sess = _sessions_per_window(sim.samples, sw.window_starts_s, width_s)
+        r_out, s_out = run_outcome(real), run_outcome(sim)
+        runs.append({
+            "run_id": run_id,
+            "window_starts_s": rw.window_starts_s.tolist(),
+            "real": {"hit_ratio": _nan_list(rw.hit_ratio), "turns_per_s": _nan_list(rw.turns_per_s),
+                     "sessions_in_system": _nan_list(r_sess), "persistently_degraded": r_out["persistently_degraded"],
+                     "hit_ratio_last10min": r_out["hit_ratio_last10min"]},
+            "sim": {"hit_ratio": _nan_list(sw.hit_ratio), "turns_per_s": _nan_list(sw.turns_per_s),
+                    "sessions_in_system": _nan_list(s_sess), "persistently_degraded": s_out["persistently_degraded"],
+                    "hit_ratio_last10min": s_out["hit_ratio_last10min"]},
+            "end_state_agrees": r_out["persistently_degraded"] == s_out["persistently_degraded"],
+            "hit_ratio_mean_abs_diff": _mean_abs_diff(rw.hit_ratio, sw.hit_ratio),
+            "turns_per_s_mean_abs_diff": _mean_abs_diff(rw.turns_per_s, sw.turns_per_s),
+            "sessions_mean_abs_diff": _mean_abs_diff(r_sess, s_sess),
+        })
+    diffs = [r["hit_ratio_mean_abs_diff"] for r in runs if r["hit_ratio_mean_abs_diff"] is not None]
+    return {"real_dir": str(real_dir), "sim_dir": str(sim_dir), "window_s": width_s, "runs": runs,
+            "only_real": sorted(set(real_runs) - set(sim_runs)), "only_sim": sorted(set(sim_runs) - set(real_runs)),
+            "end_state_agreement": sum(r["end_state_agrees"] for r in runs) / len(runs),
+            "hit_ratio_mean_abs_diff": float(np.mean(diffs)) if diffs else None}
+
+
+def _nan_list(values: np.ndarray) -> list:
+    return [None if not math.isfinite(v) else float(v) for v in values]
+
+
+def format_comparison(result: dict) -> str:
+    lines = [f"{'run':24s} {'end state real/sim':>20s} {'hit10m real/sim':>17s} {'|d hit|':>8s} "
+             f"{'|d turns/s|':>11s} {'|d sessions|':>12s}"]
+    for r in result["runs"]:
+        state = lambda d: "degraded" if d["persistently_degraded"] else "healthy"
+        hit = lambda d: "n/a" if d["hit_ratio_last10min"] is None else f"{d['hit_ratio_last10min']:.2f}"
+        num = lambda v, f: "n/a" if v is None else format(v, f)
+        lines.append(f"{r['run_id']:24s} {state(r['real']) + '/' + state(r['sim']):>20s} "
+                     f"{hit(r['real']) + '/' + hit(r['sim']):>17s} {num(r['hit_ratio_mean_abs_diff'], '.3f'):>8s} "
+                     f"{num(r['turns_per_s_mean_abs_diff'], '.3f'):>11s} {num(r['sessions_mean_abs_diff'], '.1f'):>12s}")
+    lines.append(f"end-state agreement {100 * result['end_state_agreement']:.0f}% over {len(result['runs'])} runs; "
+                 f"mean absolute hit-ratio difference per {result['window_s'] / 60:g}-min window "
+                 f"{'n/a' if result['hit_ratio_mean_abs_diff'] is None else format(result['hit_ratio_mean_abs_diff'], '.3f')}")
+    return "\n".join(lines)
+
+
+def write_comparison(result: dict, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out_dir / "compare.json", result)
+    paths = []
+    for r in result["runs"]:
+        minutes = (np.array(r["window_starts_s"]) + result["window_s"] / 2) / 60
+        fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+        for ax, key, label in zip(axes, ("hit_ratio", "turns_per_s", "sessions_in_system"),
+                                  ("hit ratio", "turns / s", "sessions in system")):
+            for side, style in (("real", "-o"), ("sim", "--s")):
+                values = np.array([math.nan if v is None else v for v in r[side][key]])
+                ax.plot(minutes, values, style, label=f"{side}", markersize=3)
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+        axes[0].set_ylim(0, 1.05)
+        axes[0].legend()
+        axes[0].set_title(f"{r['run_id']}: real engine vs calibrated simulator "
+                          f"(end state {'agrees' if r['end_state_agrees'] else 'differs'})")
+        axes[-1].set_xlabel("run time (minutes)")
+        path = out_dir / f"compare-{r['run_id']}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+    return paths
