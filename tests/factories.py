@@ -33,6 +33,8 @@ DOC_TURNS_SCHEMA = pa.schema(
         ("gateway_wait_s", pa.float64()),
         ("num_preemptions", pa.int32()),
         ("error", pa.string()),
+        ("itl_mean_s", pa.float64()),
+        ("itl_max_s", pa.float64()),
     ]
 )
 
