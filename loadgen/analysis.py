@@ -23,6 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .recording import SAMPLE_SCHEMA, SESSION_SCHEMA, TURN_SCHEMA
+
 __all__ = [
     "TURNS_SCHEMA",
     "SAMPLES_SCHEMA",
@@ -53,73 +55,11 @@ __all__ = [
     "format_recovery_table",
 ]
 
-TURNS_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("arm", pa.string()),
-        ("seed", pa.int64()),
-        ("session_id", pa.int64()),
-        ("turn_index", pa.int32()),
-        ("is_trigger_session", pa.bool_()),
-        ("session_kind", pa.string()),
-        ("ready_s", pa.float64()),
-        ("admit_s", pa.float64()),
-        ("first_token_s", pa.float64()),
-        ("finish_s", pa.float64()),
-        ("prompt_tokens", pa.int64()),
-        ("cached_tokens", pa.int64()),
-        ("output_tokens", pa.int64()),
-        ("gateway_wait_s", pa.float64()),
-        ("num_preemptions", pa.int32()),
-        ("error", pa.string()),
-        ("itl_mean_s", pa.float64()),
-        ("itl_max_s", pa.float64()),
-    ]
-)
-
-SAMPLES_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("t_s", pa.float64()),
-        ("sessions_in_system", pa.int64()),
-        ("sessions_thinking", pa.int64()),
-        ("sessions_gateway_waiting", pa.int64()),
-        ("sessions_parked", pa.int64()),
-        ("sessions_in_engine", pa.int64()),
-        ("num_running", pa.int64()),
-        ("num_waiting", pa.int64()),
-        ("kv_usage", pa.float64()),
-        ("resident_demand_tokens", pa.int64()),
-        ("resident_demand_ratio", pa.float64()),
-        ("pool_tokens", pa.int64()),
-        ("prefix_cache_queries_total", pa.int64()),
-        ("prefix_cache_hits_total", pa.int64()),
-        ("num_preemptions_total", pa.int64()),
-        ("turns_completed_total", pa.int64()),
-        ("sessions_arrived_total", pa.int64()),
-        ("sessions_completed_total", pa.int64()),
-        ("gateway_limit", pa.float64()),
-        ("sessions_admitted", pa.int64()),
-    ]
-)
-
-SESSIONS_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("arm", pa.string()),
-        ("seed", pa.int64()),
-        ("session_id", pa.int64()),
-        ("is_trigger_session", pa.bool_()),
-        ("session_kind", pa.string()),
-        ("num_turns", pa.int32()),
-        ("arrival_s", pa.float64()),
-        ("first_admit_s", pa.float64()),
-        ("finish_s", pa.float64()),
-        ("turns_completed", pa.int32()),
-        ("num_parks", pa.int32()),
-        ("status", pa.string()),
-    ]
-)
+# the files' schemas are the recorder's: one definition (the test factories keep their own
+# copy, written from docs/results-format.md, so tests check code against the contract)
+TURNS_SCHEMA = TURN_SCHEMA
+SAMPLES_SCHEMA = SAMPLE_SCHEMA
+SESSIONS_SCHEMA = SESSION_SCHEMA
 
 # The columns this module actually reads; a file lacking one of them is malformed for us.
 _TURNS_REQUIRED = ("finish_s", "prompt_tokens", "cached_tokens", "error")
