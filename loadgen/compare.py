@@ -9,7 +9,6 @@ absolute difference in throughput and sessions. Writes ``compare.json`` and one 
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Optional

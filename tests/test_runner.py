@@ -8,7 +8,7 @@ import pytest
 
 from loadgen.recording import PARTS_DIR, RunRecorder, merge_parts
 from loadgen.runner import RunKey, run_keys, run_simulated
-from tests.conftest import make_spec, make_spec_dict
+from tests.conftest import make_spec_dict
 from loadgen.spec import parse_spec
 
 

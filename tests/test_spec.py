@@ -1,7 +1,7 @@
 import pytest
 
 from loadgen.spec import SpecError, load_spec, parse_seeds, parse_spec
-from tests.conftest import make_spec, make_spec_dict
+from tests.conftest import make_spec_dict
 
 
 def test_minutes_are_accepted_and_converted():

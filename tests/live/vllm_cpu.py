@@ -10,7 +10,6 @@ config shipped beside this file, waits for /health, and stops it.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
