@@ -82,7 +82,8 @@ class SimEngineClient:
         reason = engine.validate(request.prompt_tokens, request.max_tokens)
         if reason is not None:
             return TurnResult(now, float("nan"), now, request.prompt_tokens, 0, 0, error=reason)
-        prefix = engine.stream(request.prefix_key, 0) if request.shared_prefix_tokens >= engine.block_size else None
+        prefix = (engine.prefix_stream(request.prefix_key, request.shared_prefix_tokens)
+                  if request.shared_prefix_tokens >= engine.block_size else None)
         stream = engine.stream(request.session_id, request.shared_prefix_tokens if prefix is not None else 0)
         fut = self.clock.create_future()
         self._seq += 1

@@ -177,7 +177,7 @@ class SimServer:
         except ValueError:
             prefix_hint = 0
         prefix_key, prefix_tokens, stream_id = self.mapper.map(token_ids, prefix_hint)
-        prefix = engine.stream(prefix_key, 0) if prefix_key is not None else None
+        prefix = engine.prefix_stream(prefix_key, prefix_tokens) if prefix_key is not None else None
         stream = engine.stream(("stream", stream_id), prefix_tokens)
         loop = asyncio.get_running_loop()
         done = loop.create_future()

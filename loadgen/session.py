@@ -38,14 +38,16 @@ class SessionCounts:
 class TokenContext:
     """The real token ids of a session's context, for engines that need them (HTTP).
 
-    Random ids: the shared prefix from a generator keyed by the prefix name (identical in every
-    session), the rest from the session's own generator; a turn's output ids are the engine's
+    Random ids: the shared prefix from a generator keyed by the prefix name and length (identical
+    in every session), the rest from the session's own generator; a turn's output ids are the engine's
     when it returns them (so the next prompt reuses exactly what the engine cached)."""
 
     VOCAB = 30000
 
     def __init__(self, shape: SessionShape, session_seed: int) -> None:
-        prefix_rng = np.random.Generator(np.random.PCG64(abs(hash_str(shape.prefix_key))))
+        # a system prompt is its name and its length: other lengths are other prompts, as the
+        # simulated engine assumes (SimEngine.prefix_stream)
+        prefix_rng = np.random.Generator(np.random.PCG64(hash_str(f"{shape.prefix_key}/{shape.shared_prefix_tokens}")))
         self._rng = np.random.Generator(np.random.PCG64(session_seed))
         prefix = prefix_rng.integers(1, self.VOCAB, size=shape.shared_prefix_tokens).tolist()
         rest = self._rng.integers(1, self.VOCAB, size=shape.initial_tokens - shape.shared_prefix_tokens).tolist()

@@ -147,6 +147,19 @@ class SimEngine:
             raise ValueError(f"stream {key!r} was used after {stream.base} shared blocks, now after {base}")
         return stream
 
+    def prefix_stream(self, key: Hashable, num_tokens: int) -> Stream:
+        """The shared prefix (system prompt) ``key`` of ``num_tokens`` tokens: its full blocks.
+
+        A prefix is one prompt of one length: the same name with another length is another
+        prompt (loadgen's sessions draw its tokens from the name and the length), so every
+        request holding a prefix stream holds all of it and one reference count is exact."""
+        num_blocks = num_tokens // self.block_size
+        full_key = ("prefix", key, num_blocks)
+        stream = self.streams.get(full_key)
+        if stream is None:
+            stream = self.streams[full_key] = Stream(full_key, 0, num_blocks)
+        return stream
+
     def validate(self, num_prompt_tokens: int, max_tokens: int) -> Optional[str]:
         """Why vLLM would reject this request up front (400), or None."""
         if num_prompt_tokens < 1 or max_tokens < 1:
@@ -164,8 +177,16 @@ class SimEngine:
         reason = self.validate(request.num_prompt_tokens, request.max_tokens)
         if reason is not None:
             raise ValueError(reason)
-        if request.prefix is not None and request.prefix.base != 0:
-            raise ValueError("a prefix stream must start at block 0")
+        prefix = request.prefix
+        if prefix is not None:
+            if prefix.base != 0:
+                raise ValueError("a prefix stream must start at block 0")
+            if prefix.num_blocks is None:
+                prefix.num_blocks = request.stream.base
+            elif prefix.num_blocks != request.stream.base:
+                raise ValueError(
+                    f"prefix {prefix.key!r} holds {prefix.num_blocks} blocks but this request's own tokens start "
+                    f"after {request.stream.base}: a prefix names one prompt of one length (prefix_stream())")
         self.advance_to(now_s)
         request.arrival_s = now_s
         self.prompt_tokens_total += request.num_prompt_tokens

@@ -28,11 +28,12 @@ from typing import Hashable, Optional
 class Stream:
     """An append-only token stream whose full blocks can be cached."""
 
-    __slots__ = ("key", "base", "cached", "ref_cnt", "entry")
+    __slots__ = ("key", "base", "cached", "ref_cnt", "entry", "num_blocks")
 
-    def __init__(self, key: Hashable, base: int) -> None:
+    def __init__(self, key: Hashable, base: int, num_blocks: Optional[int] = None) -> None:
         self.key = key
         self.base = base  # first absolute block position this stream owns
+        self.num_blocks = num_blocks  # a shared prefix's fixed length in blocks (None: append-only)
         self.cached = 0  # positions [base, base + cached) hold this stream's hashes
         self.ref_cnt = 0  # requests holding these blocks (then they are not in the free queue)
         self.entry: Optional[list] = None  # its free-queue entry while unreferenced

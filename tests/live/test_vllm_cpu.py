@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from loadgen.live import run_live
-from loadgen.runner import RunKey
-from loadgen.spec import parse_spec
+from loadgen.runner import RunKey, run_simulated
+from loadgen.spec import SimEngineSpec, parse_spec
 from tests.live.vllm_cpu import VllmServer, tiny_model_dir
 
 pytestmark = pytest.mark.vllm
@@ -58,6 +58,16 @@ def test_closed_loop_on_real_vllm_hits_warm_turns_and_a_flush_makes_them_miss(vl
     samples = pq.read_table(tmp_path / "runs" / "base-s1" / "samples.parquet").to_pydict()
     assert max(samples["prefix_cache_hits_total"]) > 0
     assert samples["pool_tokens"][0] == NUM_BLOCKS * BLOCK
+
+    # the simulated engine configured like this vLLM reports the same cached tokens, turn by turn
+    sim_engine = SimEngineSpec(pool_tokens=NUM_BLOCKS * BLOCK, block_size=BLOCK, max_model_len=16384)
+    run_simulated(spec.model_copy(update={"engine": sim_engine}), RunKey("base", 1), tmp_path / "sim")
+    sim = pq.read_table(tmp_path / "sim" / "runs" / "base-s1" / "turns.parquet").to_pydict()
+    sim_cached = {(s, k): c for s, k, c in zip(sim["session_id"], sim["turn_index"], sim["cached_tokens"])}
+    real_cached = {(s, k): c for s, k, _, c, _ in rows}
+    common = set(sim_cached) & set(real_cached)
+    assert len(common) >= 0.8 * len(real_cached)
+    assert {key: real_cached[key] for key in common} == {key: sim_cached[key] for key in common}
 
     flushed = run_live(spec, RunKey("flush", 1), tmp_path)
     assert flushed["status"] == "completed" and flushed["counts"]["flush_errors"] == []

@@ -14,7 +14,7 @@ and no closed forms, following vllm/v1/core/{block_pool,kv_cache_manager,sched/s
   prefix (``p < base_tokens`` of its own stream, and the request names a prefix stream) and
   ``(own stream key, p)`` otherwise: the shared prefix is the same for every request naming it,
   and a session's own stream is append-only across turns (outputs included). A full block's
-  hash is ``intern((parent hash, tuple of its 16 token identities))``: a chained hash with no
+  hash is ``intern((parent hash, tuple of its block_size token identities))``: a chained hash with no
   collisions. Only full blocks are hashed. The hash -> blocks map may hold several physical
   copies of one hash; a lookup takes the first one inserted (vLLM's ``get_one_block``).
 * Hits (``get_computed_blocks``): the longest run of cached blocks from block 0, at most
@@ -30,7 +30,18 @@ and no closed forms, following vllm/v1/core/{block_pool,kv_cache_manager,sched/s
 * Time. A step's schedule is fixed at its start; its tokens are sampled at its end, when
   finished requests free their blocks and are delivered in running order. ``advance_to(t)``
   runs every step starting at or before ``t``; ``next_wakeup()`` is simply the end of the step
-  in flight.
+  in flight. At a step's end, ``on_first_token`` callbacks (if a request has one) run before
+  ``on_done`` callbacks, each in running order.
+
+* Step time: ``cost.step_time(tokens scheduled, sum over prefill chunks n * (c + n / 2), sum
+  over decodes (num_computed + 1))``; a request decodes once it has sampled a token since its
+  (re)admission, otherwise its tokens are a prefill chunk (a resumed request included).
+
+Two conventions follow the project's spec rather than vLLM 0.11's code, on purpose (both engines
+share them): vLLM bumps the prefix-cache counters on every ``get_computed_blocks`` call, so a
+head-of-line-blocked request is counted again at every step it is retried, and with prefix
+caching disabled it counts no queries at all; here queries and hits move once per admission,
+and queries count even with caching off.
 
 It shares ``EngineConfig``, ``SimRequest`` and ``StepCostModel`` with the fast engine and
 implements the same public surface; only keys (never the fast engine's stream counters) are
@@ -39,7 +50,6 @@ read from the streams it is given.
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict, deque
 from typing import Hashable, Optional
 
@@ -129,6 +139,11 @@ class ReferenceEngine:
         self.num_steps = 0
 
     # ------------------------------------------------------------------ public surface
+    def prefix_stream(self, key: Hashable, num_tokens: int) -> RefStream:
+        """A shared prefix is named by its key AND length (as SimEngine.prefix_stream): the key
+        becomes the tokens' identity, so other lengths are other contents."""
+        return self.stream(("prefix", key, num_tokens // self.block_size), 0)
+
     def stream(self, key: Hashable, base_tokens: int = 0) -> RefStream:
         stream = self.streams.get(key)
         if stream is None:
@@ -178,9 +193,11 @@ class ReferenceEngine:
                 end = self._inflight_end
                 if end > t_s:
                     return
-                done = self._end_step()
+                first, done = self._end_step()
                 self._inflight_end = None
                 self._next_start = end
+                for req in first:
+                    req.on_first_token(req)
                 for req in done:
                     req.finish_s = end
                     if req.on_done is not None:
@@ -378,8 +395,10 @@ class ReferenceEngine:
         self._inflight_end = start_s + self.cost.step_time(num_tokens, attention, decode_ctx)
         self.num_steps += 1
 
-    def _end_step(self) -> list[SimRequest]:
-        """The step's tokens are sampled; finished requests free their blocks, in running order."""
+    def _end_step(self) -> tuple[list[SimRequest], list[SimRequest]]:
+        """The step's tokens are sampled; finished requests free their blocks, in running order.
+        Returns (requests whose first token this was and that want ``on_first_token``, finished)."""
+        first = []
         for st, _n in self._inflight:
             if st.num_computed < st.num_tokens:
                 continue  # a partial prefill chunk samples nothing
@@ -390,6 +409,8 @@ class ReferenceEngine:
             self.generation_tokens_total += 1
             if req.first_token_s is None:
                 req.first_token_s = self._inflight_end
+                if getattr(req, "on_first_token", None) is not None:
+                    first.append(req)
         self._inflight = []
         done = []
         for req in list(self.running):
@@ -402,7 +423,7 @@ class ReferenceEngine:
                 req.num_computed = st.num_computed
                 del self.states[req]
                 done.append(req)
-        return done
+        return first, done
 
     def _preempt(self, req: SimRequest) -> None:
         st = self.states[req]

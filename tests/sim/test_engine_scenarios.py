@@ -5,6 +5,7 @@ either implementation."""
 from __future__ import annotations
 
 import itertools
+import weakref
 
 import pytest
 
@@ -24,18 +25,25 @@ def submit(engine, key, prompt, max_tokens, now, prefix=None, base_tokens=0):
     return req
 
 
-def run_until_idle(engine):
+def run_until_idle(engine) -> float:
+    """Advance from wakeup to wakeup until the engine is idle; returns the last wakeup time."""
+    last = 0.0
     while (wake := engine.next_wakeup()) is not None:
         engine.advance_to(wake)
+        last = wake
+    return last
 
 
 def run_alone(engine, key, prompt, max_tokens, **kw):
-    """Submit when the engine is idle and run it to completion."""
-    now = max([0.0] + list(getattr(engine, "_last_t", [0.0])))
-    req = submit(engine, key, prompt, max_tokens, now + 1.0, **kw)
+    """Submit one request 1 s after everything so far has finished, and run it to completion."""
+    now = _last_finish.get(engine, 0.0) + 1.0
+    req = submit(engine, key, prompt, max_tokens, now, **kw)
     run_until_idle(engine)
-    engine._last_t = [req.finish_s]
+    _last_finish[engine] = req.finish_s
     return req
+
+
+_last_finish: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> last finish time
 
 
 # ---------------------------------------------------------------- cache hits
@@ -128,6 +136,30 @@ def test_preempted_request_goes_to_the_front_of_waiting_and_keeps_its_reported_h
     assert r2.finish_s > r1.finish_s and r3.first_token_s > r1.finish_s
 
 
+def test_flush_waits_for_the_step_boundary_then_preempts_and_drops_the_cache(engine_cls):
+    engine = make_engine(engine_cls, block_size=16)
+    cached = run_alone(engine, "old", 100, 1)  # leaves 6 cached blocks behind
+    t = cached.finish_s + 1.0
+    r1 = submit(engine, "r1", 40, 30, t)
+    r2 = submit(engine, "r2", 40, 30, t + 0.001)  # joins at the second step
+    engine.advance_to(t + 0.02)
+    engine.flush(t + 0.02)
+    assert engine.flush_times_s == []  # a step is in flight: the reset waits for its end
+    hits_before = engine.prefix_cache_hits
+    run_until_idle(engine)
+    # decode steps here last 5.05-5.1 ms: the reset happened at the end of the step in flight
+    assert t + 0.02 < engine.flush_times_s[0] < t + 0.02 + 0.0052
+    assert (r1.num_preemptions, r2.num_preemptions) == (1, 1)
+    assert engine.prefix_cache_hits == hits_before  # nothing survived the reset, not even r1's blocks
+    assert (r1.num_cached_tokens, r2.num_cached_tokens) == (0, 0)
+    assert (r1.generated, r2.generated) == (30, 30)
+    again = run_alone(engine, "old", 100, 1)
+    assert again.num_cached_tokens == 0
+    assert engine.next_wakeup() is None
+    engine.flush(again.finish_s + 5.0)  # an idle engine resets at once
+    assert engine.flush_times_s[1:] == [again.finish_s + 5.0]
+
+
 # ---------------------------------------------------------------- step time
 def test_single_cold_prefill_takes_the_cost_formula(engine_cls):
     engine = make_engine(engine_cls, block_size=16)
@@ -153,74 +185,29 @@ def test_chunked_prefill_then_decode_steps_take_the_cost_formula(engine_cls):
     assert engine.num_steps == 6
 
 
-# ---------------------------------------------------------------- known fast-engine gap
-_MIXED_BASES_GAP = (
-    "SimEngine caches shared-prefix blocks only for the request that found the prefix stream "
-    "unreferenced (its 'builder'); a request with a LONGER shared prefix, admitted while a "
-    "shorter-prefix request holds the stream, computes the extra prefix blocks without caching "
-    "them, whereas vLLM hashes them at schedule time.")
-
-
-@pytest.mark.parametrize("engine_cls", [
-    pytest.param(SimEngine, marks=pytest.mark.xfail(strict=True, reason=_MIXED_BASES_GAP)),
-    ReferenceEngine,
-], ids=["SimEngine", "ReferenceEngine"])
-def test_a_longer_system_prompt_computed_next_to_a_shorter_one_is_cached(engine_cls):
-    """Two session kinds share the prefix key with different lengths (8 and 16 tokens, bs 4),
-    as a mix-shift between synthetic session specs with different system_prompt_tokens does.
-    A (short prefix) is decoding; B (long prefix) hits A's 2 prefix blocks and computes prefix
-    blocks 2 and 3 itself, which vLLM hashes; C (long prefix), after B finished, hits all 4."""
+# ---------------------------------------------------------------- prefixes of several lengths
+def test_two_lengths_of_one_prefix_name_are_two_prompts(engine_cls):
+    """bs 4. L (16-token system prompt) runs; S (8-token prompt of the same name) shares nothing
+    with it, as loadgen's sessions draw a system prompt's tokens from its name and length; L's
+    second turn still hits its whole prefix and its own block."""
     engine = make_engine(engine_cls, block_size=4)
-    a = submit(engine, "a", 12, 50, 0.0, prefix="sys", base_tokens=8)
-    b = submit(engine, "b", 20, 1, 0.001, prefix="sys", base_tokens=16)
-    engine.advance_to(0.05)
-    assert b.finish_s is not None and a.finish_s is None
-    c = submit(engine, "c", 20, 1, 0.05, prefix="sys", base_tokens=16)
-    run_until_idle(engine)
-    assert (a.num_cached_tokens, b.num_cached_tokens) == (0, 8)
-    assert c.num_cached_tokens == 16
+
+    def run(key, prompt, prefix_tokens):
+        req = SimRequest(next(_ids), engine.stream(key, prefix_tokens), prompt, 1,
+                         prefix=engine.prefix_stream("sys", prefix_tokens))
+        engine.submit(req, _last_finish.get(engine, 0.0) + 1.0)
+        run_until_idle(engine)
+        _last_finish[engine] = req.finish_s
+        return req
+
+    run("L", 20, 16)
+    assert run("S", 12, 8).num_cached_tokens == 0
+    assert run("L", 24, 16).num_cached_tokens == 20
+    assert run("S2", 12, 8).num_cached_tokens == 8
 
 
-@pytest.mark.parametrize("engine_cls", [
-    pytest.param(SimEngine, marks=pytest.mark.xfail(strict=True, reason=(
-        "SimEngine's acquire() drops the hashes of an idle stream's cached blocks above the hit; "
-        "a request with a SHORTER shared prefix therefore wipes the cached tail of a longer one "
-        "(and, through the broken chain, every own block after it), whereas vLLM leaves idle "
-        "cached blocks alone until they are popped for reuse."))),
-    ReferenceEngine,
-], ids=["SimEngine", "ReferenceEngine"])
-def test_a_shorter_system_prompt_does_not_evict_the_tail_of_a_longer_one(engine_cls):
-    """bs 4, a 64-block pool (nothing is ever evicted). L (16-token system prompt) runs turn 1 and
-    goes idle with 5 cached blocks; S (8-token system prompt, same key) hits the first 2; L's
-    turn 2 must still hit its 4 prefix blocks plus its own block: 20 tokens."""
-    engine = make_engine(engine_cls, block_size=4)
-    run_alone(engine, "L", 20, 1, prefix="sys", base_tokens=16)
-    short = run_alone(engine, "S", 12, 1, prefix="sys", base_tokens=8)
-    assert short.num_cached_tokens == 8
-    turn2 = run_alone(engine, "L", 24, 1, prefix="sys", base_tokens=16)
-    assert turn2.num_cached_tokens == 20
-
-
-@pytest.mark.parametrize("engine_cls", [
-    pytest.param(SimEngine, marks=pytest.mark.xfail(strict=True, reason=(
-        "SimEngine keeps prefix blocks that only a finished longer-prefix request held out of the "
-        "free queue until the last request holding the prefix stream releases it, so free-block "
-        "counts (kv_usage, admission, preemption) are off while a shorter-prefix request runs."))),
-    ReferenceEngine,
-], ids=["SimEngine", "ReferenceEngine"])
-def test_prefix_blocks_held_only_by_a_finished_request_are_free(engine_cls):
-    """bs 4, 23 usable blocks. B (16-token system prompt, 20-token prompt, 3 output tokens) starts
-    alone and builds the prefix; A (8-token system prompt, 12-token prompt, 50 output tokens)
-    arrives during B's first step and hits B's first 2 prefix blocks. When B finishes (end of
-    step 3), its prefix blocks 2 and 3 drop to ref_cnt 0 and join the free queue with its own
-    blocks; A holds 4 blocks. D (76 tokens, no prefix: 19 blocks) arrives at 20 ms, when A
-    needs no new block for a while: 19 blocks are free, so D runs at once, long before A ends."""
-    engine = make_engine(engine_cls, num_blocks=24, block_size=4)
-    b = submit(engine, "b", 20, 3, 0.0, prefix="sys", base_tokens=16)
-    a = submit(engine, "a", 12, 50, 0.001, prefix="sys", base_tokens=8)
-    engine.advance_to(0.02)
-    assert b.finish_s is not None and b.finish_s < 0.02 and a.num_cached_tokens == 8
-    d = submit(engine, "d", 76, 1, 0.02)
-    run_until_idle(engine)
-    assert d.first_token_s < 0.05 < a.finish_s
-    assert a.num_preemptions == d.num_preemptions == 0
+def test_a_prefix_stream_used_with_another_length_is_refused():
+    engine = make_engine(SimEngine, block_size=4)
+    submit(engine, "a", 20, 1, 0.0, prefix="sys", base_tokens=16)
+    with pytest.raises(ValueError, match="one prompt of one length"):
+        submit(engine, "b", 12, 1, 0.0, prefix="sys", base_tokens=8)
