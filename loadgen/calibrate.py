@@ -10,8 +10,8 @@ cost model's least-squares problem (loadgen/sim/cost.py):
 * incremental prefills on cached prefixes: a prompt is sent once to be cached, then sent again
   with new tokens appended; the second request's time to first token prefills only the new
   tokens on top of what the server reports as cached;
-* decode at several batch sizes and contexts: a batch of warm prompts generating together; the
-  mean time per token after the first is one decode step of the batch.
+* decode at several batch sizes and contexts: a batch of warm prompts generating together; how
+  much longer m tokens take than one, divided by m - 1, is one decode step of the batch.
 
 Every measurement is repeated and the median kept. Pool size and block size come from the
 server's /metrics. The result is a ``cost.json`` that a spec takes as ``engine.cost_model``.
@@ -41,7 +41,7 @@ class CalibrationPlan:
     cold_contexts: tuple[int, ...] = (16, 1000, 2000, 4000, 8000, 12000, 16000)
     incremental: tuple[tuple[int, int], ...] = ((2000, 1000), (6000, 500), (12000, 1000), (16000, 250))
     decode: tuple[tuple[int, int], ...] = ((1, 1000), (1, 8000), (4, 2000), (8, 4000), (16, 1000))
-    decode_tokens: int = 32
+    decode_tokens: int = 64
     repeats: int = 3
     chunk_tokens: int = 8192  # the server's max_num_batched_tokens
 
@@ -103,16 +103,25 @@ class Calibrator:
                              cached + new - hit, hit, chunk_tokens=self.plan.chunk_tokens, source="measured"))
 
     async def decode(self, batch: int, context: int) -> Measurement:
+        """One decode step of the batch: how much longer the batch takes to generate m tokens than
+        one. Both runs are warm (only the last prompt block is recomputed) and time whole requests:
+        a server may merge several tokens into one streamed chunk when its front end lags behind
+        the engine (vLLM does), so chunk arrival times do not time single steps."""
         m = self.plan.decode_tokens
         steps = []
         for _ in range(self.plan.repeats):
             prompts = [self._prompt(context) for _ in range(batch)]
-            await asyncio.gather(*(self._send(p, 1) for p in prompts))  # warm: the batch then only decodes
-            results = await asyncio.gather(*(self._send(p, m) for p in prompts))
-            per_token = [self._s(r.finish_s - r.first_token_s) / (m - 1) for r in results]
-            steps.append(statistics.median(per_token))
-        return decode_step(f"decode batch {batch} at {context}", statistics.median(steps), batch,
-                           context + m // 2, source="measured")
+            await asyncio.gather(*(self._send(p, 1) for p in prompts))  # warm the prompts
+            one = await asyncio.gather(*(self._send(p, 1) for p in prompts))
+            many = await asyncio.gather(*(self._send(p, m) for p in prompts))
+            total = lambda results: max(r.finish_s for r in results) - min(r.submitted_s for r in results)
+            steps.append(self._s(total(many) - total(one)) / (m - 1))
+        step_s = statistics.median(steps)
+        if step_s <= 0:
+            raise PreflightError(f"decode at batch {batch}, context {context}: generating {m} tokens took no "
+                                 "longer than 1; raise decode_tokens")
+        return decode_step(f"decode batch {batch} at {context}", step_s, batch, context + m // 2,
+                           source="measured")
 
     async def run(self) -> list[Measurement]:
         rows = []

