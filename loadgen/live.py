@@ -88,7 +88,9 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
     clock = WallClock(spec.time_scale)  # run time 0 is now, after the preflight
     client.clock = clock
     gateway = Gateway(clock, make_policy(ctl.name, **ctl.params), client.pool_tokens, ctl.start_s)
-    recorder = RunRecorder(run_dir, key.run_id, key.arm, key.seed, spec.recording.flush_interval_s)
+    # a live run is not re-runnable in a second: write its rows at least every real minute
+    flush_interval_s = min(spec.recording.flush_interval_s, 60.0 * spec.time_scale)
+    recorder = RunRecorder(run_dir, key.run_id, key.arm, key.seed, flush_interval_s)
     retry = RetryPolicy(engine_spec.retry.max_attempts, engine_spec.retry.backoff_s)
     env = RunEnv(clock, client, gateway, recorder, retry=retry)
     tasks: set[asyncio.Task] = set()
