@@ -9,6 +9,7 @@ absolute difference in throughput and sessions. Writes ``compare.json`` and one 
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Optional
@@ -35,9 +36,21 @@ def _mean_abs_diff(a: np.ndarray, b: np.ndarray) -> Optional[float]:
     return float(np.abs(a[mask] - b[mask]).mean()) if mask.any() else None
 
 
+def _finished_runs(results_dir: Path) -> dict[str, Path]:
+    """Run directories whose run ended (a run still going, or that failed, has no comparable rows)."""
+    runs = {}
+    for path in sorted((Path(results_dir) / "runs").glob("*")):
+        try:
+            status = json.loads((path / "run.json").read_text()).get("status")
+        except (OSError, ValueError):
+            continue
+        if status in ("completed", "engine_lost"):
+            runs[path.name] = path
+    return runs
+
+
 def compare_runs(real_dir: Path, sim_dir: Path, width_s: float = 300.0) -> dict:
-    real_runs = {p.name: p for p in sorted((Path(real_dir) / "runs").glob("*")) if (p / "run.json").exists()}
-    sim_runs = {p.name: p for p in sorted((Path(sim_dir) / "runs").glob("*")) if (p / "run.json").exists()}
+    real_runs, sim_runs = _finished_runs(real_dir), _finished_runs(sim_dir)
     common = sorted(set(real_runs) & set(sim_runs))
     if not common:
         raise ValueError(f"no run ids in common between {real_dir} ({sorted(real_runs)}) and "
