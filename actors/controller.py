@@ -50,6 +50,35 @@ class TurnTally:
     turns_completed: int
 
 
+class GateHost:
+    """The gateway as ``RemoteGate`` asks it: yes/no at once, and a wait for those told no."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.waiting: dict[Any, Any] = {}  # session -> the gateway's future it waits on
+
+    def arrive(self, session: Any, demand_tokens: int) -> bool:
+        return self._go(session, self.gateway.arrive(session, demand_tokens))
+
+    def before_turn(self, session: Any, demand_tokens: int) -> bool:
+        return self._go(session, self.gateway.before_turn(session, demand_tokens))
+
+    def _go(self, session: Any, wait: Any) -> bool:
+        if wait is None:
+            return True
+        self.waiting[session] = wait
+        return False
+
+    async def admitted(self, session: Any) -> None:
+        await self.waiting.pop(session)
+
+    def turn_completed(self, session: Any, latency_s: float) -> None:
+        self.gateway.turn_completed(session, latency_s)
+
+    def session_ended(self, session: Any) -> None:
+        self.gateway.session_ended(session)
+
+
 @ray.remote(num_cpus=0)
 class ControllerActor:
     def __init__(self, spec: ExperimentSpec, arm: str, run_id: str, endpoint: EndpointOptions) -> None:
@@ -60,7 +89,7 @@ class ControllerActor:
         self.client: Optional[OpenAIEngineClient] = None
         self.clock: Optional[WallClock] = None
         self.gateway: Optional[Gateway] = None
-        self.waiting: dict[Any, Any] = {}  # session -> the gateway's future it waits on
+        self.gate: Optional[GateHost] = None
         self.stopped: Optional[asyncio.Event] = None
 
     async def preflight(self, pool_tokens: int, flush_before_run: bool) -> dict:
@@ -82,6 +111,7 @@ class ControllerActor:
         self.client.clock = self.clock
         ctl = self.spec.controller_for(self.arm)
         self.gateway = Gateway(self.clock, make_policy(ctl.name, **ctl.params), self.client.pool_tokens, ctl.start_s)
+        self.gate = GateHost(self.gateway)
         self.stopped = asyncio.Event()
 
     async def run(self, fleets: list, recorder) -> dict:
@@ -100,14 +130,15 @@ class ControllerActor:
             if isinstance(trig, FlushTrigger):
                 clock.call_at(trig.at_s, lambda: flushes.add(asyncio.ensure_future(flush())))
         sampler = asyncio.ensure_future(self._sample_until_end(clock, fleets, recorder))
+        stop = asyncio.ensure_future(self.stopped.wait())
         try:
-            await asyncio.wait([sampler, asyncio.ensure_future(self.stopped.wait())],
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([sampler, stop], return_when=asyncio.FIRST_COMPLETED)
             if sampler.done():
                 sampler.result()  # a fleet that died fails the run here
         finally:
             sampler.cancel()
-            await asyncio.gather(sampler, *flushes, return_exceptions=True)
+            stop.cancel()
+            await asyncio.gather(sampler, stop, *flushes, return_exceptions=True)
             await self.client.close()
         return {"flush_times_s": self.client.flush_times_s, "flush_errors": flush_errors}
 
@@ -121,7 +152,8 @@ class ControllerActor:
                 self.client.metrics_async(), asyncio.gather(*(f.counts.remote(self.run_id) for f in fleets)))
             counts = merge_counts(list(reports))
             env = RunEnv(clock, self.client, self.gateway, TurnTally(counts.turns_completed), counts.sessions)
-            recorder.sample.remote(self.run_id, sample_row(env, metrics, now), now)
+            # awaited: the run's recorder is closed only after its last sample is in
+            await recorder.sample.remote(self.run_id, sample_row(env, metrics, now), now)
             i += 1
         # the last sample is at duration_s: wait for the run's end itself
         await clock.sleep(self.spec.duration_s - clock.now())
@@ -132,22 +164,16 @@ class ControllerActor:
 
     # ------------------------------------------------------------ the gate (RemoteGate's other end)
     def arrive(self, session: Any, demand_tokens: int) -> bool:
-        return self._go(session, self.gateway.arrive(session, demand_tokens))
+        return self.gate.arrive(session, demand_tokens)
 
     def before_turn(self, session: Any, demand_tokens: int) -> bool:
-        return self._go(session, self.gateway.before_turn(session, demand_tokens))
-
-    def _go(self, session: Any, wait: Optional[asyncio.Future]) -> bool:
-        if wait is None:
-            return True
-        self.waiting[session] = wait
-        return False
+        return self.gate.before_turn(session, demand_tokens)
 
     async def admitted(self, session: Any) -> None:
-        await self.waiting.pop(session)
+        await self.gate.admitted(session)
 
     def turn_completed(self, session: Any, latency_s: float) -> None:
-        self.gateway.turn_completed(session, latency_s)
+        self.gate.turn_completed(session, latency_s)
 
     def session_ended(self, session: Any) -> None:
-        self.gateway.session_ended(session)
+        self.gate.session_ended(session)

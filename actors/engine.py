@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -108,11 +109,13 @@ class EngineActor:
             await clock.sleep(HEALTH_POLL_S)
         return self.proc.returncode
 
-    def log(self) -> str:
+    def server_log_tail(self) -> str:
         return log_tail(self.log_path)
 
     def stop(self) -> None:
+        """Stop the server and drop its scratch files (a failure's log tail is in its error)."""
         self._terminate()
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     def _terminate(self) -> None:
         if self.proc is None or self.proc.poll() is not None:

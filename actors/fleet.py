@@ -130,15 +130,14 @@ class SessionFleet:
         for plan in plans:
             clock.call_at(plan.arrival_s, start, plan)
         shipper = asyncio.ensure_future(self._ship_until_stopped(settings.run_id, proxy, recorder))
+        ends = [asyncio.ensure_future(state.stop.wait()),
+                asyncio.ensure_future(clock.sleep(settings.duration_s - clock.now()))]
         try:
-            await asyncio.wait([asyncio.ensure_future(state.stop.wait()),
-                                asyncio.ensure_future(clock.sleep(settings.duration_s - clock.now()))],
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            shipper.cancel()
-            for task in list(state.tasks):
+            for task in [shipper, *ends, *state.tasks]:
                 task.cancel()
-            await asyncio.gather(shipper, *state.tasks, return_exceptions=True)
+            await asyncio.gather(shipper, *ends, *state.tasks, return_exceptions=True)
             await client.close()
         await recorder.record.remote(settings.run_id, proxy.take())
         return self.counts(settings.run_id)

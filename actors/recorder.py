@@ -18,6 +18,14 @@ from loadgen.recording import RunRecorder
 _REPLAYABLE = frozenset({"session_arrived", "session_admitted", "session_parked", "session_ended", "turn"})
 
 
+def replay(recorder: RunRecorder, events: list[tuple[str, tuple]]) -> None:
+    """Apply what a ``RecorderProxy`` queued, in its order."""
+    for name, args in events:
+        if name not in _REPLAYABLE:
+            raise ValueError(f"not a recorder event: {name!r}")
+        getattr(recorder, name)(*args)
+
+
 @ray.remote(num_cpus=0)
 class RecorderActor:
     def __init__(self) -> None:
@@ -27,11 +35,7 @@ class RecorderActor:
         self.recorders[run_id] = RunRecorder(Path(run_dir), run_id, arm, seed, flush_interval_s)
 
     def record(self, run_id: str, events: list[tuple[str, tuple]]) -> None:
-        recorder = self.recorders[run_id]
-        for name, args in events:
-            if name not in _REPLAYABLE:
-                raise ValueError(f"not a recorder event: {name!r}")
-            getattr(recorder, name)(*args)
+        replay(self.recorders[run_id], events)
 
     def sample(self, run_id: str, row: dict, now_s: float) -> None:
         recorder = self.recorders[run_id]

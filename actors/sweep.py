@@ -20,9 +20,10 @@ import asyncio
 import json
 import shutil
 import tempfile
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 import ray
 import yaml
@@ -30,16 +31,17 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from loadgen import __version__
-from loadgen.clock import WallClock, epoch_s
+from loadgen.clock import epoch_s
 from loadgen.http_client import EndpointOptions
 from loadgen.recording import write_json_atomic
 from loadgen.runner import RunKey, run_simulated
 from loadgen.session import RetryPolicy
+from loadgen.sim.cost import PRESETS
 from loadgen.spec import ExperimentSpec, LaunchedEngineSpec, SimEngineSpec
 from loadgen.workload import plan_sessions
 
 from .cluster import cluster_resources, num_alive_nodes
-from .controller import ControllerActor
+from .controller import ControllerActor, merge_counts
 from .engine import EngineActor
 from .fleet import LiveRunSettings, SessionFleet
 from .recorder import RecorderActor
@@ -47,6 +49,9 @@ from .recorder import RecorderActor
 # wall seconds between sending a pair's sessions to the fleets and run time 0, so that every
 # fleet and controller is ready when the first session arrives
 START_LEAD_S = 1.0
+# how long a pair may wait for its GPUs (others' runs, an autoscaler adding nodes) before its
+# runs are marked failed
+GPU_WAIT_S = 3600.0
 
 
 class SweepError(ValueError):
@@ -70,6 +75,7 @@ def run_sweep(spec: ExperimentSpec, out_dir: Path, keys: list[RunKey], spec_dir:
               num_fleets: Optional[int] = None, on_run_start: Optional[RunStarted] = None,
               on_run_done: Optional[RunDone] = None) -> list[dict]:
     """Run ``keys`` on the connected Ray cluster, skipping completed ones; returns each run's run.json."""
+    check_sweepable(spec)
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
@@ -77,13 +83,27 @@ def run_sweep(spec: ExperimentSpec, out_dir: Path, keys: list[RunKey], spec_dir:
     todo = [key for key in keys if key not in done]
     if isinstance(spec.engine, SimEngineSpec):
         results = _simulate(spec, out_dir, todo, spec_dir, on_run_start, on_run_done)
-    elif isinstance(spec.engine, LaunchedEngineSpec):
-        results = asyncio.run(_LiveSweep(spec, out_dir, num_fleets, on_run_start, on_run_done).run(todo))
     else:
-        raise SweepError(f"engine kind {spec.engine.kind!r}: a sweep launches its own engines (vllm, sglang, "
-                         "serve_sim) or simulates (sim); run against a shared endpoint with `loadgen run --endpoint`")
+        engine = _cost_file_resolved(spec.engine, spec_dir)
+        results = asyncio.run(_LiveSweep(spec, engine, out_dir, num_fleets, on_run_start, on_run_done).run(todo))
     results.update(done)
     return [results[key] for key in keys]
+
+
+def _cost_file_resolved(engine: LaunchedEngineSpec, spec_dir: Optional[Path]) -> LaunchedEngineSpec:
+    """serve_sim's cost.json, like every path in a spec, is relative to the spec's directory; the
+    engine actor runs elsewhere, so it gets the absolute path."""
+    cost = engine.simulator.cost_model
+    if engine.kind != "serve_sim" or not isinstance(cost, str) or cost in PRESETS or spec_dir is None:
+        return engine
+    simulator = engine.simulator.model_copy(update={"cost_model": str((spec_dir / cost).resolve())})
+    return engine.model_copy(update={"simulator": simulator})
+
+
+def check_sweepable(spec: ExperimentSpec) -> None:
+    if not isinstance(spec.engine, (SimEngineSpec, LaunchedEngineSpec)):
+        raise SweepError(f"engine kind {spec.engine.kind!r}: a sweep launches its own engines (vllm, sglang, "
+                         "serve_sim) or simulates (sim); run against a shared endpoint with `loadgen run --endpoint`")
 
 
 def completed_run(out_dir: Path, spec: ExperimentSpec, key: RunKey) -> Optional[dict]:
@@ -152,3 +172,256 @@ def _write_run_files(run_dir: Path, files: dict[str, bytes]) -> None:
         path = run_dir / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(content)
+
+
+# ---------------------------------------------------------------- launched engines: actors
+def cpu_run_slots(arms_per_pair: int, resources: dict[str, float]) -> int:
+    """Runs at once for GPU-less engines (serve_sim with num_gpus 0): one per CPU, a whole pair at least."""
+    return max(int(resources.get("CPU", 0)), arms_per_pair)
+
+
+def pairs_of(keys: list[RunKey]) -> list[list[RunKey]]:
+    """The runs of each seed together, seeds in order: the arms of a pair run at the same time."""
+    by_seed: dict[int, list[RunKey]] = {}
+    for key in keys:
+        by_seed.setdefault(key.seed, []).append(key)
+    return list(by_seed.values())
+
+
+class _RunSlots:
+    """Room for runs; a pair waits until it can take a slot for each of its arms."""
+
+    def __init__(self, total: int) -> None:
+        self.free = total
+        self.changed = asyncio.Condition()
+
+    async def take(self, n: int) -> None:
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.free >= n)
+            self.free -= n
+
+    async def give(self, n: int) -> None:
+        async with self.changed:
+            self.free += n
+            self.changed.notify_all()
+
+
+class EngineDied(RuntimeError):
+    """The run's engine server exited, or its actor died, before the run ended."""
+
+
+class _LiveSweep:
+    def __init__(self, spec: ExperimentSpec, engine: LaunchedEngineSpec, out_dir: Path, num_fleets: Optional[int],
+                 on_run_start: Optional[RunStarted], on_run_done: Optional[RunDone]) -> None:
+        self.spec = spec
+        self.engine = engine
+        self.out_dir = out_dir
+        self.num_fleets = num_fleets
+        self.on_run_start = on_run_start
+        self.on_run_done = on_run_done
+        self.recorder = None
+        self.fleets: list = []
+        self.cpu_slots: Optional[_RunSlots] = None
+
+    async def run(self, keys: list[RunKey]) -> dict[RunKey, dict]:
+        if not keys:
+            return {}
+        pairs = pairs_of(keys)
+        if not self.engine.num_gpus:
+            self.cpu_slots = _RunSlots(cpu_run_slots(max(len(p) for p in pairs), cluster_resources()))
+        # the recorder writes under out_dir, which is on this node
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.recorder = RecorderActor.options(scheduling_strategy=here).remote()
+        num_fleets = self.num_fleets or max(2, num_alive_nodes())
+        self.fleets = [SessionFleet.options(scheduling_strategy="SPREAD").remote() for _ in range(num_fleets)]
+        try:
+            done = await asyncio.gather(*(self._pair(pair) for pair in pairs))
+        finally:
+            for actor in (self.recorder, *self.fleets):
+                ray.kill(actor)
+        return {key: info for pair in done for key, info in pair.items()}
+
+    async def _pair(self, keys: list[RunKey]) -> dict[RunKey, dict]:
+        runs: list[_LiveRun] = []
+        try:
+            async with self._room_for(len(keys)) as group:
+                runs = [_LiveRun(self, key, group, i) for i, key in enumerate(keys)]
+                try:
+                    await asyncio.gather(*(run.prepare() for run in runs))
+                    # one origin for the pair: both arms see the same run time at the same moment
+                    origin = epoch_s() + START_LEAD_S
+                    await asyncio.gather(*(run.execute(origin) for run in runs if run.prepared))
+                finally:
+                    await asyncio.gather(*(run.release() for run in runs))
+        except asyncio.TimeoutError:
+            runs = [_LiveRun(self, key, None, i) for i, key in enumerate(keys)]
+            for run in runs:
+                run.unplaced(len(keys))
+        for run in runs:
+            if self.on_run_done:
+                self.on_run_done(run.key, run.info)
+        return {run.key: run.info for run in runs}
+
+    @asynccontextmanager
+    async def _room_for(self, num_runs: int) -> AsyncIterator[Optional[PlacementGroup]]:
+        """A placement group with a GPU bundle per run; Ray queues the pairs the cluster has no
+        room for yet (and an autoscaling cluster adds GPU nodes for them)."""
+        if self.cpu_slots is not None:
+            await self.cpu_slots.take(num_runs)
+            try:
+                yield None
+            finally:
+                await self.cpu_slots.give(num_runs)
+            return
+        group = placement_group([{"GPU": self.engine.num_gpus, "CPU": 0}] * num_runs, strategy="PACK")
+        try:
+            await asyncio.wait_for(group.ready(), GPU_WAIT_S)
+            yield group
+        finally:
+            remove_placement_group(group)
+
+
+class _LiveRun:
+    """One run of a pair: its engine and controller actors, its shard of sessions per fleet."""
+
+    def __init__(self, sweep: _LiveSweep, key: RunKey, group: Optional[PlacementGroup], bundle: int) -> None:
+        self.sweep = sweep
+        self.key = key
+        spec = sweep.spec
+        self.arm = spec.arm(key.arm)
+        self.run_dir = sweep.out_dir / "runs" / key.run_id
+        self.strategy = (PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=bundle)
+                         if group is not None else "DEFAULT")
+        ctl = spec.controller_for(self.arm)
+        self.info: dict = {
+            "run_id": key.run_id, "experiment": spec.experiment, "arm": key.arm, "seed": key.seed,
+            "status": "starting", "error": None, "duration_s": spec.duration_s, "pool_tokens": None,
+            "engine": spec.engine.kind, "endpoint": None, "time_scale": spec.time_scale,
+            "controller": ctl.name, "control_start_s": ctl.start_s,
+            "triggers": [{"kind": t.kind, "start_s": t.window()[0], "end_s": t.window()[1]} for t in self.arm.triggers],
+            "reference_trigger_end_s": spec.reference_trigger_end_s(),
+            "loadgen_version": __version__, "spec": run_spec(spec, key),
+            "placement": {"placement_group": group.id.hex() if group is not None else None,
+                          "bundle_index": bundle if group is not None else None},
+        }
+        self.engine_actor = None
+        self.controller_actor = None
+        self.endpoint: Optional[EndpointOptions] = None
+        self.prepared = False
+
+    def _start_record(self) -> None:
+        if self.run_dir.exists():
+            shutil.rmtree(self.run_dir)
+        self.run_dir.mkdir(parents=True)
+        self._write()
+
+    def unplaced(self, num_runs: int) -> None:
+        self._start_record()
+        gpus = cluster_resources().get("GPU", 0)
+        self._fail(TimeoutError(f"no room for this pair's {num_runs} engines x {self.sweep.engine.num_gpus} GPUs "
+                                f"after {GPU_WAIT_S:g} s (the cluster has {gpus:g} GPUs)"))
+
+    async def prepare(self) -> None:
+        """Start the engine on its bundle and preflight it; a failure fails this run only."""
+        self._start_record()
+        spec, engine = self.sweep.spec, self.sweep.engine
+        try:
+            self.engine_actor = EngineActor.options(num_gpus=engine.num_gpus, scheduling_strategy=self.strategy).remote(
+                engine, spec.time_scale, self.key.run_id)
+            served = await self.engine_actor.start.remote()
+            self.info["placement"].update({k: served[k] for k in ("node_id", "node_ip", "gpu_ids", "visible_devices",
+                                                                  "pid")})
+            self.info.update(endpoint=served["url"], server_command=served["command"])
+            self.endpoint = EndpointOptions(url=served["url"], model=served["model"],
+                                            request_timeout_s=engine.request_timeout_s,
+                                            server="sglang" if engine.kind == "sglang" else "vllm")
+            self.controller_actor = ControllerActor.options(scheduling_strategy=self.strategy).remote(
+                spec, self.key.arm, self.key.run_id, self.endpoint)
+            preflight = await self.controller_actor.preflight.remote(served["pool_tokens"], engine.flush_before_run)
+            self.info.update(preflight=preflight, pool_tokens=preflight["pool_tokens"])
+            self.prepared = True
+        except Exception as exc:  # recorded in run.json; the sweep goes on
+            self._fail(exc)
+
+    async def execute(self, origin_epoch_s: float) -> None:
+        sweep, spec, key = self.sweep, self.sweep.spec, self.key
+        recording = False
+        exited: Optional[asyncio.Future] = None
+        try:
+            await sweep.recorder.open.remote(str(self.run_dir), key.run_id, key.arm, key.seed,
+                                             spec.recording.flush_interval_s)
+            recording = True
+            await self.controller_actor.begin.remote(origin_epoch_s)
+            retry = sweep.engine.retry
+            settings = LiveRunSettings(key.run_id, self.endpoint, self.info["preflight"]["prompt_mode"],
+                                       RetryPolicy(retry.max_attempts, retry.backoff_s), spec.time_scale,
+                                       origin_epoch_s, spec.duration_s)
+            plans = plan_sessions(spec, self.arm, key.seed)
+            fleets = sweep.fleets
+            exited = asyncio.ensure_future(self.engine_actor.wait_exit.remote())
+            ran = asyncio.ensure_future(asyncio.gather(
+                self.controller_actor.run.remote(fleets, sweep.recorder),
+                *(fleet.run.remote(settings, plans[i::len(fleets)], self.controller_actor, sweep.recorder)
+                  for i, fleet in enumerate(fleets))))
+            self.info.update(status="running", origin_epoch_s=origin_epoch_s, num_fleets=len(fleets))
+            self._write()
+            if sweep.on_run_start:
+                sweep.on_run_start(RunStart(key, dict(self.info["placement"]), self.engine_actor))
+            await asyncio.wait([ran, exited], return_when=asyncio.FIRST_COMPLETED)
+            if not ran.done() or ran.exception() is not None:
+                await self._stop_sessions(ran)
+                raise (await self._engine_death(exited) if exited.done() else ran.exception())
+            flushes, *fleet_counts = ran.result()
+            counts = merge_counts(fleet_counts)
+            self.info.update(status="completed", counts={
+                "sessions_arrived": counts.sessions.arrived_total,
+                "sessions_completed": counts.sessions.completed_total,
+                "turns_completed": counts.turns_completed, **flushes})
+        except Exception as exc:  # recorded in run.json; the sweep goes on
+            self._fail(exc)
+        finally:
+            if exited is not None:
+                _settle(exited)
+            if recording:
+                await sweep.recorder.close.remote(key.run_id)
+            self._write()
+
+    async def _engine_death(self, exited: asyncio.Future) -> EngineDied:
+        try:
+            code = exited.result()
+        except ray.exceptions.RayError as exc:
+            return EngineDied(f"the engine actor died: {type(exc).__name__}")
+        tail = await self.engine_actor.server_log_tail.remote()
+        return EngineDied(f"the engine server exited with code {code} before the run ended; log tail:\n{tail}")
+
+    async def _stop_sessions(self, ran: asyncio.Future) -> None:
+        for fleet in self.sweep.fleets:
+            fleet.stop.remote(self.key.run_id)
+        self.controller_actor.stop.remote()
+        await asyncio.wait([ran])
+
+    async def release(self) -> None:
+        if self.engine_actor is not None:
+            try:
+                await self.engine_actor.stop.remote()
+            except ray.exceptions.RayError:
+                pass  # the actor is already gone, and its server with it
+            ray.kill(self.engine_actor)
+        if self.controller_actor is not None:
+            ray.kill(self.controller_actor)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.info.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        self._write()
+
+    def _write(self) -> None:
+        write_json_atomic(self.run_dir / "run.json", self.info)
+
+
+def _settle(watch: asyncio.Future) -> None:
+    """Stop watching: cancel a pending watch, or take the error of one that ended (so that asyncio
+    does not report it as never retrieved)."""
+    if not watch.done():
+        watch.cancel()
+    elif not watch.cancelled():
+        watch.exception()

@@ -78,11 +78,15 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
     try:  # Ray only for the commands that need a cluster
         from actors.cluster import ray_cluster
-        from actors.sweep import SweepError, run_sweep
+        from actors.sweep import SweepError, check_sweepable, run_sweep
     except ImportError as exc:
         raise SpecError(f"loadgen sweep needs Ray ({exc}): pip install 'agent-loadgen[ray]'") from None
     console = Console(stderr=True, quiet=args.quiet)
     spec = load_spec(args.spec)
+    try:
+        check_sweepable(spec)
+    except SweepError as exc:
+        raise SpecError(f"{args.spec}: {exc}") from None
     seeds = parse_seeds(args.seeds) if args.seeds else None
     arms = args.arms.split(",") if args.arms else None
     try:

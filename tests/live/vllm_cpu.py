@@ -76,7 +76,7 @@ class VllmServer:
         self.dev_mode = dev_mode
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout_s: float = 420.0) -> "VllmServer":
+    def start(self, timeout_s: float = 900.0) -> "VllmServer":
         python = ensure_vllm_python()
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu",
                "VLLM_CPU_KVCACHE_SPACE": "1"}

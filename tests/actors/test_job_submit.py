@@ -1,0 +1,92 @@
+"""End to end: `ray start --head`, then `ray job submit --working-dir . -- loadgen sweep ...`.
+
+The head is our own process group (`ray start --block` in a new session), stopped by signalling
+that group: `ray stop` would stop every Ray process on the machine, other people's included."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import make_spec_dict
+from tests.live.vllm_cpu import free_port
+
+pytestmark = pytest.mark.ray
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def _wait_for_job_server(url: str, head: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if head.poll() is not None:
+            raise RuntimeError(f"`ray start --head` exited with {head.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/api/version", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"no job server at {url}")
+
+
+def _stop_head(head: subprocess.Popen) -> None:
+    for sig, grace_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
+        try:
+            os.killpg(head.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            head.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig == signal.SIGTERM:
+            os.killpg(head.pid, signal.SIGKILL)  # the raylet and GCS outlive `ray start` itself
+        return
+
+
+def test_ray_job_submit_runs_a_simulated_sweep(tmp_path):
+    spec_path = tmp_path / "tiny.yaml"
+    spec_path.write_text(yaml.safe_dump(make_spec_dict()))
+    out = tmp_path / "results"
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("RAY_ADDRESS", None)
+    dashboard = free_port()
+    temp_dir = tempfile.mkdtemp(prefix="lg-ray-")  # short: Ray's socket paths must fit 107 bytes
+    log = open(tmp_path / "head.log", "w")
+    head = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--block", "--port", str(free_port()),
+                             "--dashboard-port", str(dashboard), "--include-dashboard=true", "--num-cpus", "2",
+                             "--num-gpus", "0", "--object-store-memory", str(200 * 2**20), "--disable-usage-stats",
+                             "--temp-dir", temp_dir],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=tmp_path)
+    try:
+        address = f"http://127.0.0.1:{dashboard}"
+        _wait_for_job_server(address, head)
+        job = subprocess.run([str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(REPO),
+                              "--", "loadgen", "sweep", str(spec_path), "--out", str(out),
+                              "--no-figures"],
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    finally:
+        _stop_head(head)
+        log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    statuses = {p.parent.name: json.loads(p.read_text())["status"] for p in out.glob("runs/*/run.json")}
+    assert statuses == {"base-s1": "completed", "burst-s1": "completed", "base-s2": "completed",
+                        "burst-s2": "completed"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert {r["run_id"] for r in summary["runs"]} == set(statuses)
+    assert "persistently degraded" in job.stdout  # the sweep's report, printed by the job's driver
