@@ -18,7 +18,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .runner import run_experiment, run_keys
+    from .runner import run_experiment
 
     console = Console(stderr=True)
     spec = load_spec(args.spec)
@@ -38,12 +38,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if args.time_scale <= 0:
             raise SpecError(f"--time-scale must be > 0, got {args.time_scale}")
         spec = spec.model_copy(update={"time_scale": args.time_scale})
-    seeds = parse_seeds(args.seeds) if args.seeds else None
-    arms = args.arms.split(",") if args.arms else None
-    try:
-        keys = run_keys(spec, seeds, arms)
-    except (ValueError, KeyError) as exc:
-        raise SpecError(f"{args.spec}: {exc}") from None
+    keys = _selected_runs(spec, args)
     out = Path(args.out)
     failed = []
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -74,7 +69,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from .runner import run_keys
 
     try:  # Ray only for the commands that need a cluster
         from actors.cluster import ray_cluster
@@ -87,12 +81,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         check_sweepable(spec)
     except SweepError as exc:
         raise SpecError(f"{args.spec}: {exc}") from None
-    seeds = parse_seeds(args.seeds) if args.seeds else None
-    arms = args.arms.split(",") if args.arms else None
-    try:
-        keys = run_keys(spec, seeds, arms)
-    except (ValueError, KeyError) as exc:
-        raise SpecError(f"{args.spec}: {exc}") from None
+    keys = _selected_runs(spec, args)
     out = Path(args.out)
     finished: list = []
 
@@ -120,6 +109,18 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if not args.no_report:
         _report(out, console, figures=not args.no_figures)
     return 1 if failed else 0
+
+
+def _selected_runs(spec, args: argparse.Namespace) -> list:
+    """The spec's arms x seeds, narrowed by --seeds and --arms."""
+    from .runner import run_keys
+
+    seeds = parse_seeds(args.seeds) if args.seeds else None
+    arms = args.arms.split(",") if args.arms else None
+    try:
+        return run_keys(spec, seeds, arms)
+    except (ValueError, KeyError) as exc:
+        raise SpecError(f"{args.spec}: {exc}") from None
 
 
 def _report(out: Path, console, figures: bool = True) -> None:
