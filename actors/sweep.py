@@ -30,11 +30,10 @@ import yaml
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from loadgen import __version__
 from loadgen.clock import epoch_s
 from loadgen.http_client import EndpointOptions
 from loadgen.recording import write_json_atomic
-from loadgen.runner import RunKey, run_simulated
+from loadgen.runner import RunKey, run_info, run_simulated, run_spec
 from loadgen.session import RetryPolicy
 from loadgen.sim.cost import PRESETS
 from loadgen.spec import ExperimentSpec, LaunchedEngineSpec, SimEngineSpec
@@ -115,11 +114,6 @@ def completed_run(out_dir: Path, spec: ExperimentSpec, key: RunKey) -> Optional[
     if info.get("status") == "completed" and info.get("spec") == run_spec(spec, key):
         return info
     return None
-
-
-def run_spec(spec: ExperimentSpec, key: RunKey) -> dict:
-    """The spec as a run records it (run.json "spec"): the experiment's, with only this seed."""
-    return {**spec.model_dump(mode="json"), "seeds": [key.seed]}
 
 
 # ---------------------------------------------------------------- simulated engine: Ray tasks
@@ -292,18 +286,10 @@ class _LiveRun:
         self.run_dir = sweep.out_dir / "runs" / key.run_id
         self.strategy = (PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=bundle)
                          if group is not None else "DEFAULT")
-        ctl = spec.controller_for(self.arm)
-        self.info: dict = {
-            "run_id": key.run_id, "experiment": spec.experiment, "arm": key.arm, "seed": key.seed,
-            "status": "starting", "error": None, "duration_s": spec.duration_s, "pool_tokens": None,
-            "engine": spec.engine.kind, "endpoint": None, "time_scale": spec.time_scale,
-            "controller": ctl.name, "control_start_s": ctl.start_s,
-            "triggers": [{"kind": t.kind, "start_s": t.window()[0], "end_s": t.window()[1]} for t in self.arm.triggers],
-            "reference_trigger_end_s": spec.reference_trigger_end_s(),
-            "loadgen_version": __version__, "spec": run_spec(spec, key),
-            "placement": {"placement_group": group.id.hex() if group is not None else None,
-                          "bundle_index": bundle if group is not None else None},
-        }
+        self.info: dict = run_info(
+            spec, key, spec.engine.kind, None, status="starting", endpoint=None, time_scale=spec.time_scale,
+            placement={"placement_group": group.id.hex() if group is not None else None,
+                       "bundle_index": bundle if group is not None else None})
         self.engine_actor = None
         self.controller_actor = None
         self.endpoint: Optional[EndpointOptions] = None

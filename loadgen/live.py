@@ -15,11 +15,11 @@ from typing import Optional
 
 from controllers import make_policy
 
-from . import __version__
 from .clock import WallClock
 from .gateway import Gateway
 from .http_client import EndpointOptions, OpenAIEngineClient, PreflightError, Transport, api_key_from_env
 from .recording import RunRecorder, write_json_atomic
+from .runner import run_info, sample_row
 from .session import RetryPolicy, RunEnv, run_session
 from .spec import ExperimentSpec, FlushTrigger, OpenAIEngineSpec
 from .workload import plan_sessions
@@ -58,15 +58,8 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    info = {
-        "run_id": key.run_id, "experiment": spec.experiment, "arm": key.arm, "seed": key.seed,
-        "status": "running", "error": None, "duration_s": spec.duration_s, "pool_tokens": engine_spec.pool_tokens,
-        "engine": "openai", "endpoint": engine_spec.url, "time_scale": spec.time_scale,
-        "controller": ctl.name, "control_start_s": ctl.start_s,
-        "triggers": [{"kind": t.kind, "start_s": t.window()[0], "end_s": t.window()[1]} for t in arm.triggers],
-        "reference_trigger_end_s": spec.reference_trigger_end_s(),
-        "loadgen_version": __version__, "spec": {**spec.model_dump(mode="json"), "seeds": [key.seed]},
-    }
+    info = run_info(spec, key, "openai", engine_spec.pool_tokens, endpoint=engine_spec.url,
+                    time_scale=spec.time_scale)
     write_json_atomic(run_dir / "run.json", info)
     client = OpenAIEngineClient(WallClock(spec.time_scale), endpoint_options(engine_spec), transport)
     try:
@@ -115,8 +108,6 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
             clock.call_at(trig.at_s, lambda: tasks.add(clock.spawn(flush())))
 
     async def sampler() -> None:
-        from .runner import sample_row
-
         interval = spec.recording.sample_interval_s
         i = 0
         while i * interval <= spec.duration_s + 1e-9:

@@ -63,16 +63,7 @@ def run_simulated(spec: ExperimentSpec, key: RunKey, out_dir: Path, spec_dir: Op
     run_dir.mkdir(parents=True)
     ctl = spec.controller_for(arm)
     engine_spec = spec.engine
-    info = {
-        "run_id": key.run_id, "experiment": spec.experiment, "arm": key.arm, "seed": key.seed,
-        "status": "running", "error": None, "duration_s": spec.duration_s,
-        "pool_tokens": engine_spec.pool_tokens, "engine": engine_spec.kind,
-        "controller": ctl.name, "control_start_s": ctl.start_s,
-        "triggers": [{"kind": t.kind, "start_s": t.window()[0], "end_s": t.window()[1]} for t in arm.triggers],
-        "reference_trigger_end_s": spec.reference_trigger_end_s(),
-        "loadgen_version": __version__,
-        "spec": _run_spec(spec, key),
-    }
+    info = run_info(spec, key, engine_spec.kind, engine_spec.pool_tokens)
     write_json_atomic(run_dir / "run.json", info)
 
     clock = VirtualClock()
@@ -108,10 +99,26 @@ def run_simulated(spec: ExperimentSpec, key: RunKey, out_dir: Path, spec_dir: Op
     return info
 
 
-def _run_spec(spec: ExperimentSpec, key: RunKey) -> dict:
-    data = spec.model_dump(mode="json")
-    data["seeds"] = [key.seed]
-    return data
+def run_spec(spec: ExperimentSpec, key: RunKey) -> dict:
+    """The spec as a run records it (run.json "spec"): the experiment's, with only this seed."""
+    return {**spec.model_dump(mode="json"), "seeds": [key.seed]}
+
+
+def run_info(spec: ExperimentSpec, key: RunKey, engine: str, pool_tokens: Optional[int],
+             status: str = "running", **extra) -> dict:
+    """The run.json every run starts with, whatever runs it (docs/results-format.md)."""
+    arm = spec.arm(key.arm)
+    ctl = spec.controller_for(arm)
+    return {
+        "run_id": key.run_id, "experiment": spec.experiment, "arm": key.arm, "seed": key.seed,
+        "status": status, "error": None, "duration_s": spec.duration_s,
+        "pool_tokens": pool_tokens, "engine": engine, **extra,
+        "controller": ctl.name, "control_start_s": ctl.start_s,
+        "triggers": [{"kind": t.kind, "start_s": t.window()[0], "end_s": t.window()[1]} for t in arm.triggers],
+        "reference_trigger_end_s": spec.reference_trigger_end_s(),
+        "loadgen_version": __version__,
+        "spec": run_spec(spec, key),
+    }
 
 
 def _start_session(clock: VirtualClock, plan, env: RunEnv) -> None:
