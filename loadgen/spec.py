@@ -214,6 +214,11 @@ class _ReplaySessionSpec(_Model):
                              "e.g. {kind: exponential, mean_s: 0.3}")
         return None
 
+    @model_validator(mode="after")
+    def _replayable(self) -> "_ReplaySessionSpec":
+        build_session_model(self)  # a trace that cannot be replayed fails at spec load
+        return self
+
 
 class SwebenchSessionSpec(_ReplaySessionSpec):
     """The shipped SWE-bench agent shapes (trace_shapes/data/README.md)."""
@@ -224,11 +229,6 @@ class SwebenchSessionSpec(_ReplaySessionSpec):
                                "SWE-bench system template (~150 tokens); its ~1.2K-token instructions come after "
                                "the task text, so in prefix-cache terms they are unique to the session.")
     label: str = Field("swebench", description="Session kind recorded per turn.")
-
-    @model_validator(mode="after")
-    def _replayable(self) -> "SwebenchSessionSpec":
-        build_session_model(self)
-        return self
 
 
 class TraceFileSessionSpec(_ReplaySessionSpec):
@@ -256,11 +256,6 @@ class TraceFileSessionSpec(_ReplaySessionSpec):
         if not path.is_file():
             raise ValueError(f"no such file: {path}")
         return str(path.resolve())
-
-    @model_validator(mode="after")
-    def _replayable(self) -> "TraceFileSessionSpec":
-        build_session_model(self)
-        return self
 
 
 class TraceLabSyntheticSessionSpec(_Model):
