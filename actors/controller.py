@@ -1,6 +1,6 @@
 """The controller actor: one per engine, the gate every session of that engine asks before each turn.
 
-It hosts the same ``loadgen.gateway.Gateway`` actuator with the same ``controllers/`` policy as
+It hosts the same ``loadgen.core.gateway.Gateway`` actuator with the same ``controllers/`` policy as
 an in-process run, on a wall clock that shares the run's time origin with the session fleets.
 Sessions reach it through ``actors.fleet.RemoteGate``: ``arrive``/``before_turn`` answer at
 once whether the session may go; a session told to wait then awaits ``admitted``, which returns
@@ -18,13 +18,13 @@ from typing import Any, Optional
 import ray
 
 from controllers import make_policy
-from loadgen.clock import WallClock
-from loadgen.gateway import Gateway
-from loadgen.http_client import EndpointOptions, OpenAIEngineClient, PreflightError
-from loadgen.live import max_context_tokens
-from loadgen.runner import sample_row
-from loadgen.session import RunEnv, SessionCounts
-from loadgen.spec import ExperimentSpec, FlushTrigger
+from loadgen.core.clock import WallClock
+from loadgen.core.gateway import Gateway
+from loadgen.live.http_client import EndpointOptions, OpenAIEngineClient, PreflightError
+from loadgen.live.runner import max_context_tokens
+from loadgen.core.runner import sample_row
+from loadgen.core.session import RunEnv, SessionCounts
+from loadgen.core.spec import ExperimentSpec, FlushTrigger
 
 
 @dataclasses.dataclass

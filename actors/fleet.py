@@ -2,7 +2,7 @@
 
 A run's sessions are sharded over the sweep's fleets (session i goes to fleet i mod F). A
 session is a coroutine, cheap; a process per session is not (RAY-NOTES.md). Each session runs
-the unchanged ``loadgen.session.run_session`` loop against the run's engine over HTTP, on a
+the unchanged ``loadgen.core.session.run_session`` loop against the run's engine over HTTP, on a
 wall clock that shares the run's time origin, with two stand-ins: ``RemoteGate`` for the
 gateway (the run's controller actor answers) and ``RecorderProxy`` for the recorder (calls are
 shipped in batches to the recorder actor, which writes the Parquet files).
@@ -16,10 +16,10 @@ from typing import Any, Awaitable, Optional
 
 import ray
 
-from loadgen.clock import WallClock
-from loadgen.http_client import EndpointOptions, OpenAIEngineClient
-from loadgen.session import RetryPolicy, RunEnv, SessionCounts, run_session
-from loadgen.workload import SessionPlan
+from loadgen.core.clock import WallClock
+from loadgen.live.http_client import EndpointOptions, OpenAIEngineClient
+from loadgen.core.session import RetryPolicy, RunEnv, SessionCounts, run_session
+from loadgen.core.workload import SessionPlan
 
 from .controller import FleetCounts
 

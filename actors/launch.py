@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Mapping, Optional
 
-from loadgen.spec import LaunchedEngineSpec, SimEngineSpec
+from loadgen.core.spec import LaunchedEngineSpec, SimEngineSpec
 from loadgen.sim.cost import PRESETS
 
 # The device variables Ray sets for an actor with num_gpus (NVIDIA, AMD): the server inherits

@@ -1,7 +1,7 @@
 """The recorder actor: writes every live run's Parquet files as the run goes, on the driver's node.
 
 One per sweep, pinned to the node of the process that started the sweep (its results directory
-is there). It holds a ``loadgen.recording.RunRecorder`` per open run and replays onto it what
+is there). It holds a ``loadgen.core.recording.RunRecorder`` per open run and replays onto it what
 the fleets' ``RecorderProxy`` objects queued, in their order, and the controller's samples; so
 the files, their parts and their crash safety are exactly those of an in-process run.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import ray
 
-from loadgen.recording import RunRecorder
+from loadgen.core.recording import RunRecorder
 
 # what a RecorderProxy may ask for: never an arbitrary attribute of the recorder
 _REPLAYABLE = frozenset({"session_arrived", "session_admitted", "session_parked", "session_ended", "turn"})

@@ -30,14 +30,14 @@ import yaml
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from loadgen.clock import epoch_s
-from loadgen.http_client import EndpointOptions
-from loadgen.recording import write_json_atomic
-from loadgen.runner import RunKey, run_info, run_simulated, run_spec
-from loadgen.session import RetryPolicy
+from loadgen.core.clock import epoch_s
+from loadgen.live.http_client import EndpointOptions
+from loadgen.core.recording import write_json_atomic
+from loadgen.core.runner import RunKey, run_info, run_simulated, run_spec
+from loadgen.core.session import RetryPolicy
 from loadgen.sim.cost import PRESETS
-from loadgen.spec import ExperimentSpec, LaunchedEngineSpec, SimEngineSpec
-from loadgen.workload import plan_sessions
+from loadgen.core.spec import ExperimentSpec, LaunchedEngineSpec, SimEngineSpec
+from loadgen.core.workload import plan_sessions
 
 from .cluster import cluster_resources, num_alive_nodes
 from .controller import ControllerActor, merge_counts

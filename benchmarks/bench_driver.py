@@ -31,10 +31,10 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loadgen.live import run_live  # noqa: E402
-from loadgen.runner import RunKey  # noqa: E402
-from loadgen.spec import parse_spec  # noqa: E402
-from loadgen.workload import plan_sessions  # noqa: E402
+from loadgen.live.runner import run_live  # noqa: E402
+from loadgen.core.runner import RunKey  # noqa: E402
+from loadgen.core.spec import parse_spec  # noqa: E402
+from loadgen.core.workload import plan_sessions  # noqa: E402
 
 
 def start_server(port: int, kind: str) -> subprocess.Popen:

@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loadgen.runner import RunKey, run_simulated  # noqa: E402
-from loadgen.spec import load_spec, parse_seeds  # noqa: E402
+from loadgen.core.runner import RunKey, run_simulated  # noqa: E402
+from loadgen.core.spec import load_spec, parse_seeds  # noqa: E402
 
 
 def bench(repeats: int, seeds: list[int]) -> dict:

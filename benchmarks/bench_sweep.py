@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 import ray  # noqa: E402
 
 from actors.sweep import run_sweep  # noqa: E402
-from loadgen.runner import run_experiment, run_keys  # noqa: E402
-from loadgen.spec import load_spec, parse_seeds  # noqa: E402
+from loadgen import run_experiment, run_keys  # noqa: E402
+from loadgen.core.spec import load_spec, parse_seeds  # noqa: E402
 
 QUIET = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
 NUM_FAKE_NODES = 4

@@ -10,20 +10,20 @@ from typing import Optional, Sequence
 
 from trace_shapes import FORMATS
 
-from . import __version__
-from .spec import SpecError, load_spec, parse_seeds
+from .version import __version__
+from .core.spec import SpecError, load_spec, parse_seeds
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .runner import run_experiment
+    from .experiment import run_experiment
 
     console = Console(stderr=True)
     spec = load_spec(args.spec)
     if args.endpoint:
-        from .spec import OpenAIEngineSpec
+        from .core.spec import OpenAIEngineSpec
 
         previous = spec.engine.model_dump() if spec.engine.kind == "openai" else {}
         previous.pop("kind", None)
@@ -113,7 +113,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 def _selected_runs(spec, args: argparse.Namespace) -> list:
     """The spec's arms x seeds, narrowed by --seeds and --arms."""
-    from .runner import run_keys
+    from .core.runner import run_keys
 
     seeds = parse_seeds(args.seeds) if args.seeds else None
     arms = args.arms.split(",") if args.arms else None
@@ -125,7 +125,7 @@ def _selected_runs(spec, args: argparse.Namespace) -> list:
 
 def _report(out: Path, console, figures: bool = True) -> None:
     from .analysis import format_outcome_table, format_recovery_table, write_summary
-    from .runner import recover_runs
+    from .core.runner import recover_runs
 
     recovered = recover_runs(out)
     if recovered:
@@ -137,7 +137,7 @@ def _report(out: Path, console, figures: bool = True) -> None:
         print("\n" + recovery, flush=True)
     console.print(f"summary: {out / 'summary.json'}")
     if figures:
-        from .report import write_figures
+        from .analysis.figures import write_figures
 
         paths = write_figures(out, summary)
         if paths:
@@ -147,9 +147,12 @@ def _report(out: Path, console, figures: bool = True) -> None:
 def _cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    out = Path(args.dir)
-    if not (out / "runs").is_dir():
-        raise SpecError(f"{out}: not a results directory (no runs/ folder); run `loadgen run SPEC --out {out}` first")
+    from .analysis import ResultsError, check_results_dir
+
+    try:
+        out = check_results_dir(args.dir)
+    except ResultsError as exc:
+        raise SpecError(str(exc)) from None
     _report(out, Console(stderr=True), figures=not args.no_figures)
     return 0
 
@@ -171,9 +174,9 @@ def _cmd_cost_fit(args: argparse.Namespace) -> int:
 def _cmd_serve_sim(args: argparse.Namespace) -> int:
     import asyncio
 
-    from .serve_sim import SimServer, serve
+    from .live.serve_sim import SimServer, serve
     from .sim import EngineConfig, StepCostModel
-    from .spec import SimEngineSpec
+    from .core.spec import SimEngineSpec
 
     if args.pool_tokens % args.block_size:
         raise SpecError(f"--pool-tokens ({args.pool_tokens}) must be a multiple of --block-size ({args.block_size})")
@@ -237,9 +240,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     import asyncio
     import json
 
-    from .calibrate import CalibrationPlan, calibrate
-    from .clock import WallClock
-    from .http_client import EndpointOptions, OpenAIEngineClient, PreflightError
+    from .live.calibrate import CalibrationPlan, calibrate
+    from .core.clock import WallClock
+    from .live.http_client import EndpointOptions, OpenAIEngineClient, PreflightError
 
     plan = CalibrationPlan(repeats=args.repeats, chunk_tokens=args.max_num_batched_tokens)
     out = Path(args.out)
@@ -268,7 +271,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from .compare import compare_runs, format_comparison, write_comparison
+    from .analysis.compare import compare_runs, format_comparison, write_comparison
 
     for d in (args.real_dir, args.sim_dir):
         if not (Path(d) / "runs").is_dir():

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from loadgen.spec import ExperimentSpec, parse_spec
+from loadgen.core.spec import ExperimentSpec, parse_spec
 
 BASE_SPEC: dict[str, Any] = {
     "experiment": "tiny",

@@ -55,7 +55,7 @@ def test_unknown_seed_and_missing_results_are_clear_errors(tmp_path):
     proc = _loadgen("run", str(spec), "--out", str(tmp_path / "res"), "--seeds", "77")
     assert proc.returncode == 2 and "seeds [77]" in proc.stderr
     proc = _loadgen("report", str(tmp_path / "nothing-here"))
-    assert proc.returncode == 2 and "not a results directory" in proc.stderr
+    assert proc.returncode == 2 and "nothing-here: does not exist" in proc.stderr
 
 
 def test_validate_and_cost_fit():

@@ -1,4 +1,4 @@
-from loadgen.clock import TaskFailed, VirtualClock
+from loadgen.core.clock import TaskFailed, VirtualClock
 
 import pytest
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from loadgen.compare import compare_runs, format_comparison, write_comparison
+from loadgen.analysis.compare import compare_runs, format_comparison, write_comparison
 from tests.factories import steady_turns, write_run_dir
 
 

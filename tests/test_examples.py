@@ -8,8 +8,8 @@ import pytest
 
 from controllers import POLICIES
 from loadgen.analysis import summarize
-from loadgen.runner import run_experiment, run_keys
-from loadgen.spec import load_spec
+from loadgen import run_experiment, run_keys
+from loadgen.core.spec import load_spec
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
 

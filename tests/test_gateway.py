@@ -1,8 +1,8 @@
 """The actuator's queue semantics, with tiny test policies (the real limits are in controllers/)."""
 
 from controllers import NoLimit, Policy
-from loadgen.clock import VirtualClock
-from loadgen.gateway import Gateway
+from loadgen.core.clock import VirtualClock
+from loadgen.core.gateway import Gateway
 
 
 class Cap(Policy):

@@ -6,9 +6,9 @@ import math
 import orjson
 import pytest
 
-from loadgen.clock import WallClock
-from loadgen.engines import TurnRequest
-from loadgen.http_client import (EndpointOptions, MockResponse, MockTransport, OpenAIEngineClient, PreflightError,
+from loadgen.core.clock import WallClock
+from loadgen.core.engines import TurnRequest
+from loadgen.live.http_client import (EndpointOptions, MockResponse, MockTransport, OpenAIEngineClient, PreflightError,
                                  TransportError, parse_metrics)
 
 VLLM_METRICS = """\

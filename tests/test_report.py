@@ -1,11 +1,11 @@
-"""Tests for loadgen.report: figures are written, are PNGs and stay small."""
+"""Tests for loadgen.analysis.figures: figures are written, are PNGs and stay small."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from loadgen.analysis import summarize
-from loadgen.report import arm_colors, write_figures
+from loadgen.analysis.figures import arm_colors, write_figures
 
 try:  # run as `python -m pytest` from the repo root, or with tests/ on sys.path
     from tests.factories import sample_row, steady_turns, write_run_dir
@@ -67,12 +67,12 @@ import math  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from loadgen.report import (  # noqa: E402
+from loadgen.analysis.figures import (  # noqa: E402
     figure_arm_timeseries,
     figure_cohort_completion,
     figure_mix_shift_scatter,
-    load_runs_by_arm,
 )
+from loadgen.analysis import load_results  # noqa: E402
 
 try:
     from tests.factories import session_row
@@ -105,8 +105,8 @@ def test_controller_figures_are_written_when_there_is_control(tmp_path: Path) ->
 
 def test_cohort_completion_plots_the_pooled_share_per_arrival_cohort(tmp_path: Path) -> None:
     _write_controlled(tmp_path)
-    summary = summarize(tmp_path)
-    runs_by_arm = load_runs_by_arm(tmp_path, summary)
+    results = load_results(tmp_path)
+    summary, runs_by_arm = results.summary, results.runs_by_arm
     assert list(runs_by_arm) == ["none", "cap"] and [len(r) for r in runs_by_arm.values()] == [2, 2]
     fig = figure_cohort_completion(runs_by_arm, arm_colors(summary), "exp")
     lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
@@ -119,8 +119,8 @@ def test_cohort_completion_plots_the_pooled_share_per_arrival_cohort(tmp_path: P
 
 def test_arm_timeseries_has_a_row_per_arm_and_a_line_per_seed(tmp_path: Path) -> None:
     _write_controlled(tmp_path)
-    summary = summarize(tmp_path)
-    fig = figure_arm_timeseries(load_runs_by_arm(tmp_path, summary), arm_colors(summary), "exp")
+    results = load_results(tmp_path)
+    fig = figure_arm_timeseries(results.runs_by_arm, arm_colors(results.summary), "exp")
     assert len(fig.axes) == 4
     hit_lines = [line for line in fig.axes[0].get_lines() if len(line.get_xdata()) > 2]
     assert len(hit_lines) == 2 and np.nanmax(hit_lines[0].get_ydata()) == pytest.approx(0.9)

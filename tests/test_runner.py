@@ -6,10 +6,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from loadgen.recording import PARTS_DIR, RunRecorder, merge_parts
-from loadgen.runner import RunKey, run_keys, run_simulated
+from loadgen.core.recording import PARTS_DIR, RunRecorder, merge_parts
+from loadgen.core.runner import RunKey, run_keys, run_simulated
 from tests.conftest import make_spec_dict
-from loadgen.spec import parse_spec
+from loadgen.core.spec import parse_spec
 
 
 def _turns(out, run_id):

@@ -1,5 +1,5 @@
-from loadgen.serve_sim import PromptMapper
-from loadgen.session import TokenContext
+from loadgen.live.serve_sim import PromptMapper
+from loadgen.core.session import TokenContext
 from trace_shapes import SessionShape
 
 

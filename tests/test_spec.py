@@ -1,6 +1,6 @@
 import pytest
 
-from loadgen.spec import SpecError, load_spec, parse_seeds, parse_spec
+from loadgen.core.spec import SpecError, load_spec, parse_seeds, parse_spec
 from tests.conftest import make_spec_dict
 
 

@@ -7,7 +7,7 @@ from typing import get_args
 import pytest
 import yaml
 
-from loadgen.spec import SpecError, TraceFileSessionSpec, load_spec, parse_spec
+from loadgen.core.spec import SpecError, TraceFileSessionSpec, load_spec, parse_spec
 from trace_shapes import FORMATS
 from tests.conftest import make_spec_dict
 

@@ -1,8 +1,8 @@
 import numpy as np
 
-from loadgen.workload import TRIGGER_SESSION_ID_BASE, piecewise_poisson_arrivals, plan_sessions, rng_for
+from loadgen.core.workload import TRIGGER_SESSION_ID_BASE, piecewise_poisson_arrivals, plan_sessions, rng_for
 from tests.conftest import make_spec, make_spec_dict
-from loadgen.spec import parse_spec
+from loadgen.core.spec import parse_spec
 
 
 def test_arms_share_every_base_session_exactly():

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from loadgen.runner import RunKey, run_simulated
-from loadgen.spec import parse_spec
-from loadgen.workload import plan_sessions
+from loadgen.core.runner import RunKey, run_simulated
+from loadgen.core.spec import parse_spec
+from loadgen.core.workload import plan_sessions
 from tests.conftest import make_spec_dict
 
 SHAPES_FIXTURE = str(Path(__file__).parent / "trace_shapes" / "fixtures" / "shapes.jsonl")

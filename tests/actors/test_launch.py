@@ -6,7 +6,7 @@ import pytest
 
 from actors.launch import server_command, server_env, visible_devices
 from loadgen.cli import build_parser
-from loadgen.spec import LaunchedEngineSpec
+from loadgen.core.spec import LaunchedEngineSpec
 
 
 def test_vllm_gets_the_flags_loadgen_needs_then_the_specs_own():

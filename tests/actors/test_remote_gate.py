@@ -16,14 +16,14 @@ from actors.controller import FleetCounts, GateHost, merge_counts
 from actors.fleet import RecorderProxy, RemoteGate
 from actors.recorder import replay
 from controllers import make_policy
-from loadgen.clock import VirtualClock
-from loadgen.engines import SimEngineClient
-from loadgen.gateway import Gateway
-from loadgen.recording import RunRecorder
-from loadgen.runner import RunKey, engine_config
-from loadgen.session import RunEnv, SessionCounts, run_session
-from loadgen.spec import parse_spec
-from loadgen.workload import plan_sessions
+from loadgen.core.clock import VirtualClock
+from loadgen.core.engines import SimEngineClient
+from loadgen.core.gateway import Gateway
+from loadgen.core.recording import RunRecorder
+from loadgen.core.runner import RunKey, engine_config
+from loadgen.core.session import RunEnv, SessionCounts, run_session
+from loadgen.core.spec import parse_spec
+from loadgen.core.workload import plan_sessions
 from tests.conftest import make_spec_dict
 
 

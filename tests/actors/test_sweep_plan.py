@@ -6,7 +6,7 @@ import asyncio
 import json
 
 from actors.sweep import _RunSlots, completed_run, cpu_run_slots, pairs_of, run_spec
-from loadgen.runner import RunKey, run_keys
+from loadgen.core.runner import RunKey, run_keys
 from tests.conftest import make_spec
 
 

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from actors.sweep import run_sweep
-from loadgen.runner import run_experiment, run_keys
-from loadgen.spec import parse_spec
+from loadgen import run_experiment, run_keys
+from loadgen.core.spec import parse_spec
 from tests.conftest import make_spec, make_spec_dict
 
 pytestmark = pytest.mark.ray

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from controllers import NoLimit, Policy
-from loadgen.gateway import Gateway
+from loadgen.core.gateway import Gateway
 
 
 class _Future:

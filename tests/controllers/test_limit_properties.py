@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controllers import POLICIES, AdaptiveCap, LatencyAimd, make_policy
-from loadgen.gateway import Gateway
+from loadgen.core.gateway import Gateway
 
 from .harness import GatewayDriver, ScriptedSession, growing_demands
 

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from loadgen.calibrate import CalibrationPlan, calibrate
-from loadgen.clock import WallClock
-from loadgen.http_client import EndpointOptions, OpenAIEngineClient
+from loadgen.live.calibrate import CalibrationPlan, calibrate
+from loadgen.core.clock import WallClock
+from loadgen.live.http_client import EndpointOptions, OpenAIEngineClient
 from loadgen.sim.cost import StepCostModel
 
 # slow enough per step that timer jitter on a busy 2-core machine stays small beside it

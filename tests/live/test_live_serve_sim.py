@@ -5,9 +5,9 @@ import threading
 import pyarrow.parquet as pq
 import pytest
 
-from loadgen.live import run_live
-from loadgen.runner import RunKey, run_simulated
-from loadgen.spec import OpenAIEngineSpec, parse_spec
+from loadgen.live.runner import run_live
+from loadgen.core.runner import RunKey, run_simulated
+from loadgen.core.spec import OpenAIEngineSpec, parse_spec
 from tests.conftest import make_spec_dict
 from tests.live.conftest import FaultProxy
 

@@ -10,9 +10,9 @@ import os
 import pyarrow.parquet as pq
 import pytest
 
-from loadgen.live import run_live
-from loadgen.runner import RunKey, run_simulated
-from loadgen.spec import SimEngineSpec, parse_spec
+from loadgen.live.runner import run_live
+from loadgen.core.runner import RunKey, run_simulated
+from loadgen.core.spec import SimEngineSpec, parse_spec
 from tests.live.vllm_cpu import VllmServer, tiny_model_dir
 
 pytestmark = pytest.mark.vllm

@@ -8,8 +8,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from loadgen.runner import run_experiment, run_keys
-from loadgen.spec import parse_spec
+from loadgen import run_experiment, run_keys
+from loadgen.core.spec import parse_spec
 from tests.conftest import make_spec_dict
 
 NOTEBOOK = Path(__file__).parents[2] / "notebooks" / "compare_controllers.ipynb"

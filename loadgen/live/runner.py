@@ -15,14 +15,14 @@ from typing import Optional
 
 from controllers import make_policy
 
-from .clock import WallClock
-from .gateway import Gateway
+from ..core.clock import WallClock
+from ..core.gateway import Gateway
 from .http_client import EndpointOptions, OpenAIEngineClient, PreflightError, Transport, api_key_from_env
-from .recording import RunRecorder, write_json_atomic
-from .runner import run_info, sample_row
-from .session import RetryPolicy, RunEnv, run_session
-from .spec import ExperimentSpec, FlushTrigger, OpenAIEngineSpec
-from .workload import plan_sessions
+from ..core.recording import RunRecorder, write_json_atomic
+from ..core.runner import run_info, sample_row
+from ..core.session import RetryPolicy, RunEnv, run_session
+from ..core.spec import ExperimentSpec, FlushTrigger, OpenAIEngineSpec
+from ..core.workload import plan_sessions
 
 
 def endpoint_options(engine: OpenAIEngineSpec) -> EndpointOptions:

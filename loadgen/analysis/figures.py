@@ -20,15 +20,12 @@ import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from loadgen.analysis import (  # noqa: E402
-    DEGRADED_HIT_RATIO,
-    RunData,
-    cohort_completion_by_arrival,
-    load_run,
-    window_series,
-)
+from .recovery import cohort_completion_by_arrival  # noqa: E402
+from .runs import RunData, load_run  # noqa: E402
+from .tables import table_arms  # noqa: E402
+from .windows import DEGRADED_HIT_RATIO, window_series  # noqa: E402
 
-__all__ = ["write_figures", "arm_colors", "WINDOW_S", "DPI", "load_runs_by_arm", "figure_cohort_completion",
+__all__ = ["write_figures", "arm_colors", "WINDOW_S", "DPI", "figure_cohort_completion",
            "figure_arm_timeseries", "figure_mix_shift_scatter"]
 
 WINDOW_S = 60.0
@@ -37,19 +34,10 @@ TRIGGER_ALPHA = 0.15
 TRIGGER_COLOR = "tab:red"
 
 
-def _arm_order(summary: Mapping[str, Any]) -> list[str]:
-    """Baseline arm first, then compared arms, then any others, as the summary lists them."""
-    pairs = summary.get("pairs") or {}
-    arms = [pairs.get("baseline_arm")] if pairs.get("baseline_arm") else []
-    arms += [c["arm"] for c in pairs.get("comparisons", [])]
-    arms += [r["arm"] for r in summary.get("runs", [])]
-    return list(dict.fromkeys(arms))
-
-
 def arm_colors(summary: Mapping[str, Any]) -> dict[str, str]:
     """A fixed color per arm, so an arm looks the same in every figure of a results directory."""
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    return {arm: palette[i % len(palette)] for i, arm in enumerate(_arm_order(summary))}
+    return {arm: palette[i % len(palette)] for i, arm in enumerate(table_arms(summary))}
 
 
 def _minutes(seconds: Any) -> Any:
@@ -232,15 +220,6 @@ COHORT_BIN_S = 300.0
 CONTROL_COLOR = "0.2"
 
 
-def load_runs_by_arm(results_dir: str | os.PathLike, summary: Mapping[str, Any]) -> dict[str, list[RunData]]:
-    """The runs a summary lists, loaded, by arm in the summary's arm order, seeds ascending."""
-    results_path = Path(results_dir)
-    runs_by_arm: dict[str, list[RunData]] = {arm: [] for arm in _arm_order(summary)}
-    for entry in sorted(summary.get("runs", []), key=lambda e: int(e["seed"])):
-        runs_by_arm[str(entry["arm"])].append(load_run(results_path / "runs" / entry["run_id"]))
-    return {arm: runs for arm, runs in runs_by_arm.items() if runs}
-
-
 def _control_starts_s(runs: Sequence[RunData]) -> list[float]:
     return sorted({float(r.run_json.get("control_start_s") or 0.0) for r in runs} - {0.0})
 
@@ -319,7 +298,7 @@ def figure_mix_shift_scatter(summary: Mapping[str, Any], colors: Mapping[str, st
     fig = Figure(figsize=(7.5, 5), layout="constrained")
     ax = fig.subplots()
     # hollow markers of different shapes, so arms landing on the same point stay visible
-    for arm, marker in zip(_arm_order(summary), itertools.cycle("osD^vPX*")):
+    for arm, marker in zip(table_arms(summary), itertools.cycle("osD^vPX*")):
         points = [(r["gateway_wait_p90_first_turn_s"], r["hit_ratio_last10min"]) for r in summary.get("runs", [])
                   if r["arm"] == arm and r.get("gateway_wait_p90_first_turn_s") is not None
                   and r["hit_ratio_last10min"] is not None]

@@ -19,7 +19,7 @@ from controllers import POLICIES, make_policy
 from trace_shapes import (EmpiricalGaps, ExponentialGaps, GapFallback, GeneratedReplay, LoadedTrace, ReplayOptions,
                           TraceLabLikeSessions, TraceReplay, build_replay, load_swebench, load_trace, select_models)
 
-from .sim.cost import PRESETS, StepCostModel
+from ..sim.cost import PRESETS, StepCostModel
 
 
 class SpecError(ValueError):

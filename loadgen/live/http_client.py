@@ -27,8 +27,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Protocol
 
 import orjson
 
-from .clock import Clock
-from .engines import EngineMetrics, TurnRequest, TurnResult
+from ..core.clock import Clock
+from ..core.engines import EngineMetrics, TurnRequest, TurnResult
 
 
 class TransportError(Exception):

@@ -26,9 +26,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .engines import TurnRequest, TurnResult
+from ..core.engines import TurnRequest, TurnResult
 from .http_client import OpenAIEngineClient, PreflightError
-from .sim.cost import FitResult, Measurement, decode_step, fit_cost_model, prefill
+from ..sim.cost import FitResult, Measurement, decode_step, fit_cost_model, prefill
 
 
 def _ttft(m: Measurement) -> Measurement:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Optional, Protocol
 
 from .clock import Clock
-from .sim import EngineConfig, SimEngine, SimRequest, StepCostModel
+from ..sim import EngineConfig, SimEngine, SimRequest, StepCostModel
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Run one run (one arm x one seed) and whole experiments, in-process."""
+"""One simulated run (one arm x one seed) in virtual time, and the run.json header every runner writes."""
 
 from __future__ import annotations
 
@@ -6,19 +6,17 @@ import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Optional
-
-import yaml
+from typing import Iterable, Optional
 
 from controllers import make_policy
 
-from . import __version__
+from ..sim import EngineConfig
+from ..version import __version__
 from .clock import VirtualClock
 from .engines import SimEngineClient
 from .gateway import Gateway
 from .recording import RunRecorder, merge_parts, write_json_atomic
 from .session import RunEnv, run_session
-from .sim import EngineConfig
 from .spec import ExperimentSpec, FlushTrigger, SimEngineSpec
 from .workload import plan_sessions
 
@@ -148,34 +146,6 @@ def sample_row(env: RunEnv, m, now: float) -> dict:
         "sessions_arrived_total": c.arrived_total, "sessions_completed_total": c.completed_total,
         "gateway_limit": env.gateway.limit(), "sessions_admitted": env.gateway.num_admitted,
     }
-
-
-def run_experiment(spec: ExperimentSpec, out_dir: Path, keys: list[RunKey], spec_dir: Optional[Path] = None,
-                   on_run_done: Optional[Callable[[RunKey, dict, float], None]] = None,
-                   on_run_start: Optional[Callable[[RunKey], None]] = None,
-                   wall_time: Optional[Callable[[], float]] = None) -> list[dict]:
-    """Run ``keys`` one after another; a failed run is recorded and the others go on."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
-    results = []
-    for key in keys:
-        if on_run_start:
-            on_run_start(key)
-        t0 = wall_time() if wall_time else 0.0
-        try:
-            if spec.engine.kind == "openai":
-                from .live import run_live
-
-                info = run_live(spec, key, out_dir)
-            else:
-                info = run_simulated(spec, key, out_dir, spec_dir)
-        except Exception as exc:  # recorded in run.json; the experiment goes on
-            info = {"run_id": key.run_id, "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
-        results.append(info)
-        if on_run_done:
-            on_run_done(key, info, (wall_time() - t0) if wall_time else 0.0)
-    return results
 
 
 def recover_runs(out_dir: Path) -> list[str]:

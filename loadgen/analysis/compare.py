@@ -16,8 +16,10 @@ from typing import Optional
 
 import numpy as np
 
-from .analysis import load_run, run_outcome, window_series
-from .recording import write_json_atomic
+from .outcomes import run_outcome
+from .runs import load_run
+from .windows import window_series
+from ..core.recording import write_json_atomic
 
 
 def _sessions_per_window(samples, starts: np.ndarray, width_s: float) -> np.ndarray:

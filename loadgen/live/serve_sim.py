@@ -23,9 +23,9 @@ from typing import Optional
 import numpy as np
 import orjson
 
-from .clock import WallClock
-from .engines import SimEngineClient
-from .sim import EngineConfig, SimRequest, StepCostModel
+from ..core.clock import WallClock
+from ..core.engines import SimEngineClient
+from ..sim import EngineConfig, SimRequest, StepCostModel
 
 
 class PromptMapper:

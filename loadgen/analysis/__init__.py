@@ -1,0 +1,40 @@
+"""What the recorded runs say: windows, per-run outcomes, recovery, paired statistics, tables, figures.
+
+The package face for notebooks and scripts: ``load_results(DIR)`` reads a results directory
+(its summary and runs by arm); the other names are the measures and renderers the report uses.
+Figures and the real-vs-simulated comparison import matplotlib, so they load on first use.
+"""
+
+from .outcomes import run_outcome
+from .paired import paired_comparisons, sign_test_p
+from .recovery import (Cohort, cohort, cohort_completion_by_arrival, collapsed_at, control_outcome,
+                       first_phase_end_s, first_turn_gateway_waits_s, quantile_nearest_rank, recovery_table,
+                       recovery_time_s)
+from .runs import SAMPLES_SCHEMA, SESSIONS_SCHEMA, TURNS_SCHEMA, RunData, load_run
+from .summary import Results, ResultsError, check_results_dir, load_results, summarize, write_summary
+from .tables import format_outcome_table, format_recovery_table, outcome_table
+from .windows import DEGRADED_HIT_RATIO, WindowSeries, hit_ratio_between, persistently_degraded, window_series
+
+_LAZY = {
+    "arm_colors": "figures", "write_figures": "figures", "figure_arm_timeseries": "figures",
+    "figure_cohort_completion": "figures", "figure_mix_shift_scatter": "figures",
+    "compare_runs": "compare", "format_comparison": "compare", "write_comparison": "compare",
+}
+
+__all__ = [
+    "load_results", "Results", "ResultsError", "check_results_dir", "summarize", "write_summary",
+    "RunData", "load_run", "TURNS_SCHEMA", "SAMPLES_SCHEMA", "SESSIONS_SCHEMA",
+    "WindowSeries", "window_series", "hit_ratio_between", "persistently_degraded", "DEGRADED_HIT_RATIO",
+    "run_outcome", "control_outcome", "collapsed_at", "recovery_time_s", "recovery_table", "Cohort", "cohort",
+    "cohort_completion_by_arrival", "first_phase_end_s", "first_turn_gateway_waits_s", "quantile_nearest_rank",
+    "paired_comparisons", "sign_test_p", "outcome_table", "format_outcome_table", "format_recovery_table",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,77 @@
+"""One run's outcome: the fields of its summary.json `runs` entry."""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Optional
+
+import numpy as np
+import pyarrow as pa
+
+from .recovery import control_outcome
+from .runs import RunData, float_column, json_float, success_mask
+from .windows import (LAST_HIT_WINDOW_S, LAST_SESSIONS_WINDOW_S, hit_ratio_between, num_turns_between,
+                      persistently_degraded)
+
+
+def _mean_sessions_between(samples: pa.Table, start_s: float, end_s: float) -> float:
+    t_s = float_column(samples, "t_s")
+    sessions = float_column(samples, "sessions_in_system")
+    in_span = (t_s >= start_s) & (t_s <= end_s) & np.isfinite(sessions)
+    if not in_span.any():
+        return math.nan
+    return float(sessions[in_span].mean())
+
+def _last_sample_int(samples: pa.Table, name: str) -> Optional[int]:
+    if samples.num_rows == 0 or name not in samples.column_names:
+        return None
+    t_s = float_column(samples, "t_s")
+    values = float_column(samples, name)
+    finite = np.isfinite(values) & np.isfinite(t_s)
+    if not finite.any():
+        return None
+    return int(values[finite][np.argmax(t_s[finite])])
+
+def _count(run: RunData, key: str, sample_column: str) -> Optional[int]:
+    """A run-level count: run.json counts, else the last sample's cumulative total."""
+    counts = run.run_json.get("counts") or {}
+    if isinstance(counts, Mapping) and counts.get(key) is not None:
+        return int(counts[key])
+    return _last_sample_int(run.samples, sample_column)
+
+def run_outcome(run: RunData) -> dict:
+    """The per-run fields of a summary.json `runs` entry (None where a value is undefined)."""
+    info = run.run_json
+    duration_s = float(info["duration_s"])
+    last_hit_start_s = max(0.0, duration_s - LAST_HIT_WINDOW_S)
+    last_hit_width_s = duration_s - last_hit_start_s
+
+    turns_completed = _count(run, "turns_completed", "turns_completed_total")
+    if turns_completed is None:
+        turns_completed = int(success_mask(run.turns).sum())
+    num_last_turns = num_turns_between(run.turns, last_hit_start_s, duration_s)
+
+    return {
+        "run_id": str(info["run_id"]),
+        "experiment": info.get("experiment"),
+        "arm": str(info["arm"]),
+        "seed": int(info["seed"]),
+        "duration_s": duration_s,
+        "hit_ratio_last10min": json_float(
+            hit_ratio_between(run.turns, last_hit_start_s, duration_s)
+        ),
+        "sessions_in_system_last5min": json_float(
+            _mean_sessions_between(
+                run.samples, duration_s - LAST_SESSIONS_WINDOW_S, duration_s
+            )
+        ),
+        "persistently_degraded": persistently_degraded(
+            run.turns, info.get("reference_trigger_end_s"), duration_s
+        ),
+        "turns_completed": turns_completed,
+        "sessions_completed": _count(run, "sessions_completed", "sessions_completed_total"),
+        "turns_per_s_last10min": (
+            json_float(num_last_turns / last_hit_width_s) if last_hit_width_s > 0 else None
+        ),
+        **control_outcome(run),
+    }

@@ -1,0 +1,129 @@
+"""summary.json: every completed run's outcome, the paired comparisons and the recovery table."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from .outcomes import run_outcome
+from .paired import paired_comparisons
+from .recovery import has_control, recovery_table
+from .runs import RunData, load_run, read_run_json
+from .tables import table_arms
+
+
+def _spec_arm_names(run_json: Mapping[str, Any]) -> list[str]:
+    """Arm names in the order the resolved spec lists them ([] when it does not)."""
+    spec = run_json.get("spec")
+    arms = spec.get("arms") if isinstance(spec, Mapping) else None
+    if not isinstance(arms, list):
+        return []
+    names = []
+    for arm in arms:
+        name = arm.get("name") if isinstance(arm, Mapping) else arm
+        if isinstance(name, str):
+            names.append(name)
+    return names
+
+def _experiment_name(run_jsons: Sequence[Mapping[str, Any]]) -> Optional[str]:
+    names = sorted({str(r["experiment"]) for r in run_jsons if r.get("experiment") is not None})
+    if not names:
+        return None
+    # One results directory holds one experiment; if it does not, say so rather than pick one.
+    return names[0] if len(names) == 1 else ", ".join(names)
+
+def _arm_order(run_jsons: Sequence[Mapping[str, Any]], arms: Iterable[str]) -> list[str]:
+    """Arms in spec order first, then any others alphabetically."""
+    present = set(arms)
+    spec_names = _spec_arm_names(run_jsons[0]) if run_jsons else []
+    ordered = [name for name in dict.fromkeys(spec_names) if name in present]
+    return ordered + sorted(present - set(ordered))
+
+def _baseline_arm(run_jsons: Sequence[Mapping[str, Any]], arms: Iterable[str]) -> Optional[str]:
+    spec_names = _spec_arm_names(run_jsons[0]) if run_jsons else []
+    if spec_names:
+        return spec_names[0]
+    present = sorted(set(arms))
+    return present[0] if present else None
+
+def summarize(results_dir: str | os.PathLike) -> dict:
+    """Build the summary.json dict from every completed run under results_dir/runs/.
+
+    Runs whose status is not "completed" are left out of `runs` and `pairs` and listed by id
+    under `incomplete_runs`.
+    """
+    runs_root = Path(results_dir) / "runs"
+    run_json_paths = sorted(runs_root.glob("*/run.json")) if runs_root.is_dir() else []
+
+    completed: list[RunData] = []
+    incomplete_runs: list[str] = []
+    for path in run_json_paths:
+        run_json = read_run_json(path)
+        if run_json.get("status") != "completed":
+            incomplete_runs.append(str(run_json["run_id"]))
+            continue
+        completed.append(load_run(path.parent))
+
+    run_jsons = [run.run_json for run in completed]
+    outcomes = [run_outcome(run) for run in completed]
+    arms = _arm_order(run_jsons, (o["arm"] for o in outcomes))
+    arm_rank = {arm: i for i, arm in enumerate(arms)}
+    outcomes.sort(key=lambda o: (arm_rank[o["arm"]], o["seed"], o["run_id"]))
+
+    baseline_arm = _baseline_arm(run_jsons, arms)
+    if baseline_arm is None:
+        pairs: dict = {"baseline_arm": None, "comparisons": []}
+    else:
+        pairs = paired_comparisons(outcomes, baseline_arm)
+    return {
+        "experiment": _experiment_name(run_jsons),
+        "runs": outcomes,
+        "pairs": pairs,
+        "recovery": recovery_table(completed, arms) if has_control(run_jsons) else None,
+        "incomplete_runs": sorted(incomplete_runs),
+    }
+
+def write_summary(results_dir: str | os.PathLike) -> dict:
+    """Rebuild summary.json in results_dir atomically (temp file + os.replace); return the dict."""
+    summary = summarize(results_dir)
+    target = Path(results_dir) / "summary.json"
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    # allow_nan=False: a NaN slipping through would make the file unreadable by strict parsers.
+    tmp.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, target)
+    return summary
+
+
+class ResultsError(ValueError):
+    """A results directory that cannot be read: the message names it and says what was expected."""
+
+
+def check_results_dir(results_dir: str | os.PathLike) -> Path:
+    """``results_dir`` as a Path, or ResultsError when it holds no runs/ folder."""
+    path = Path(results_dir)
+    if not (path / "runs").is_dir():
+        what = "does not exist" if not path.exists() else "is not a results directory (no runs/ folder)"
+        raise ResultsError(f"{path}: {what}; run `loadgen run SPEC --out {path}` first")
+    return path
+
+
+@dataclass
+class Results:
+    """A results directory as the notebook and the report read it."""
+
+    results_dir: Path
+    summary: dict
+    runs_by_arm: dict[str, list[RunData]]  # in the summary's arm order, seeds ascending
+
+
+def load_results(results_dir: str | os.PathLike) -> Results:
+    """The summary of every completed run under ``results_dir`` and those runs, loaded by arm."""
+    path = check_results_dir(results_dir)
+    summary = summarize(path)
+    runs_by_arm: dict[str, list[RunData]] = {arm: [] for arm in table_arms(summary)}
+    for entry in sorted(summary["runs"], key=lambda e: int(e["seed"])):
+        runs_by_arm[str(entry["arm"])].append(load_run(path / "runs" / entry["run_id"]))
+    return Results(path, summary, {arm: runs for arm, runs in runs_by_arm.items() if runs})

@@ -1,0 +1,153 @@
+"""The printed tables: paired outcomes and recovery, as fixed-width text."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+
+def table_arms(summary: Mapping[str, Any]) -> list[str]:
+    """Baseline arm, then compared arms, then any other arm with runs."""
+    pairs = summary.get("pairs") or {}
+    arms = [pairs.get("baseline_arm")] if pairs.get("baseline_arm") else []
+    arms += [c["arm"] for c in pairs.get("comparisons", [])]
+    arms += [r["arm"] for r in summary.get("runs", [])]
+    return list(dict.fromkeys(arms))
+
+def outcome_table(summary: Mapping[str, Any]) -> list[dict]:
+    """One row per seed: {"seed": int, "arms": {arm: {hit/sessions/degraded fields} or None}}.
+
+    Arms appear baseline first; an arm without a run for that seed maps to None.
+    """
+    arms = table_arms(summary)
+    by_seed: dict[int, dict[str, dict]] = {}
+    for run in summary.get("runs", []):
+        by_seed.setdefault(int(run["seed"]), {})[run["arm"]] = {
+            "hit_ratio_last10min": run["hit_ratio_last10min"],
+            "sessions_in_system_last5min": run["sessions_in_system_last5min"],
+            "persistently_degraded": bool(run["persistently_degraded"]),
+        }
+    return [
+        {"seed": seed, "arms": {arm: by_seed[seed].get(arm) for arm in arms}}
+        for seed in sorted(by_seed)
+    ]
+
+def fmt_number(value: Optional[float], digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+def _fmt_cell(cell: Optional[Mapping[str, Any]]) -> list[str]:
+    if cell is None:
+        return ["-", "-", "-"]
+    return [
+        fmt_number(cell["hit_ratio_last10min"], 3),
+        fmt_number(cell["sessions_in_system_last5min"], 1),
+        "YES" if cell["persistently_degraded"] else "no",
+    ]
+
+def _fmt_comparison(comparison: Mapping[str, Any], baseline_arm: str) -> str:
+    arm, n_pairs = comparison["arm"], comparison["n_pairs"]
+    return (
+        f"{arm} vs {baseline_arm}: {n_pairs} pairs; persistently degraded "
+        f"{comparison['degraded_arm']}/{n_pairs} ({arm}) vs "
+        f"{comparison['degraded_baseline']}/{n_pairs} ({baseline_arm}); discordant pairs "
+        f"{comparison['discordant_arm_only']} ({arm} only) / "
+        f"{comparison['discordant_baseline_only']} ({baseline_arm} only); "
+        f"two-sided sign test p = {comparison['sign_test_p']:.4g}"
+    )
+
+def format_outcome_table(summary: Mapping[str, Any]) -> str:
+    """The paired outcome table as fixed-width text, followed by one line per comparison."""
+    arms = table_arms(summary)
+    rows = outcome_table(summary)
+    sub_headers = ["hit10m", "sess5m", "degraded"]
+
+    header = ["seed"] + sub_headers * len(arms)
+    body = [
+        [str(row["seed"])] + [cell for arm in arms for cell in _fmt_cell(row["arms"][arm])]
+        for row in rows
+    ]
+    widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
+    # Each arm name heads its group of three columns; widen the group if the name is longer.
+    for a, arm in enumerate(arms):
+        first = 1 + 3 * a
+        group_width = sum(widths[first : first + 3]) + 4  # two 2-space gaps inside a group
+        widths[first + 2] += max(0, len(arm) - group_width)
+
+    def group(cells: Sequence[str], a: int) -> str:
+        first = 1 + 3 * a
+        return "  ".join(cells[i].rjust(widths[i]) for i in range(first, first + 3))
+
+    def join(cells: Sequence[str]) -> str:
+        parts = [cells[0].rjust(widths[0])] + [group(cells, a) for a in range(len(arms))]
+        return " | ".join(parts).rstrip()
+
+    arm_titles = [" " * widths[0]] + [
+        arm.ljust(sum(widths[1 + 3 * a : 4 + 3 * a]) + 4) for a, arm in enumerate(arms)
+    ]
+    pairs = summary.get("pairs") or {}
+    lines = [
+        f"Paired outcomes: experiment {summary.get('experiment')} "
+        f"(baseline arm: {pairs.get('baseline_arm')})",
+        " | ".join(arm_titles).rstrip(),
+        join(header),
+    ]
+    lines += [join(cells) for cells in body]
+    lines.append(
+        "hit10m: token-weighted hit ratio, last 10 min; sess5m: mean sessions in system, "
+        "last 5 min; degraded: persistently degraded"
+    )
+    for comparison in pairs.get("comparisons", []):
+        lines.append(_fmt_comparison(comparison, str(pairs.get("baseline_arm"))))
+    incomplete = summary.get("incomplete_runs") or []
+    if incomplete:
+        lines.append(f"incomplete runs (not counted): {', '.join(incomplete)}")
+    return "\n".join(lines)
+
+def _fmt_recovery_minutes(minutes: Optional[float]) -> str:
+    """SPEC.md section 7: recovery times under 5 minutes are reported as "<5"."""
+    if minutes is None:
+        return "-"
+    return "<5" if minutes < 5 else f"{minutes:.0f}"
+
+def _fmt_completion_minutes(row: Mapping[str, Any], key: str) -> str:
+    if row[key] is not None:
+        return f"{row[key]:.1f}"
+    return "-" if not row["cohort_sessions"] else "n/f"
+
+def format_recovery_table(summary: Mapping[str, Any]) -> Optional[str]:
+    """The per-arm recovery table as fixed-width text; None when the summary has none."""
+    rows = summary.get("recovery")
+    if not rows:
+        return None
+    header = ["arm", "controller", "ctl@min", "collapsed", "recovered", "recover min",
+              "hit10m", "cohort20", "done med", "done p90"]
+    body = []
+    for row in rows:
+        basis_mark = "" if row["basis"] == "collapsed" else "*"
+        times = _fmt_recovery_minutes(row["recovery_time_min_median"])
+        if row["num_recovered"] > 1:
+            times += f" ({_fmt_recovery_minutes(row['recovery_time_min_max'])})"
+        body.append([
+            row["arm"], str(row["controller"]), f"{row['control_start_s'] / 60:g}",
+            f"{row['num_collapsed']}/{row['num_runs']}",
+            f"{row['num_recovered']}/{row['num_basis']}{basis_mark}", times,
+            fmt_number(row["hit_ratio_last10min_mean"], 3), fmt_number(row["cohort_done"], 2),
+            _fmt_completion_minutes(row, "cohort_completion_median_min"),
+            _fmt_completion_minutes(row, "cohort_completion_p90_min"),
+        ])
+    widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
+
+    def join(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    lines = [f"Recovery: experiment {summary.get('experiment')}", join(header)]
+    lines += [join(cells) for cells in body]
+    lines += [
+        "collapsed: hit ratio < 0.5 in the 5 min before control starts. The columns after it are over "
+        "the arm's collapsed runs (* over all its runs when none collapsed).",
+        "recover min: median (max) minutes from control start to the first 5-min window, slid by 1 min, "
+        "from which every window has hit ratio >= 0.8, with >= 10 min of follow-up.",
+        "hit10m: mean hit ratio over the last 10 min; cohort20: share of the sessions arriving in the 20 min "
+        "after control start that finished by the run's end; done med/p90: their arrival-to-completion "
+        "minutes (n/f: not finished by the run's end).",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,42 @@
+"""Whole experiments: every run of a spec, one after another, simulated or against a live endpoint.
+
+The one place that knows both runners, so that the run core (loadgen/core) and the live side
+(loadgen/live) never import each other in a circle.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional
+
+import yaml
+
+from .core.runner import RunKey, run_simulated
+from .core.spec import ExperimentSpec
+from .live.runner import run_live
+
+
+def run_experiment(spec: ExperimentSpec, out_dir: Path, keys: list[RunKey], spec_dir: Optional[Path] = None,
+                   on_run_done: Optional[Callable[[RunKey, dict, float], None]] = None,
+                   on_run_start: Optional[Callable[[RunKey], None]] = None,
+                   wall_time: Optional[Callable[[], float]] = None) -> list[dict]:
+    """Run ``keys`` one after another; a failed run is recorded and the others go on."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    results = []
+    for key in keys:
+        if on_run_start:
+            on_run_start(key)
+        t0 = wall_time() if wall_time else 0.0
+        try:
+            if spec.engine.kind == "openai":
+                info = run_live(spec, key, out_dir)
+            else:
+                info = run_simulated(spec, key, out_dir, spec_dir)
+        except Exception as exc:  # recorded in run.json; the experiment goes on
+            info = {"run_id": key.run_id, "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+        results.append(info)
+        if on_run_done:
+            on_run_done(key, info, (wall_time() - t0) if wall_time else 0.0)
+    return results
