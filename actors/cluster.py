@@ -1,4 +1,4 @@
-"""Joining a Ray cluster, or starting a small local one (RAY-NOTES.md)."""
+"""Joining a Ray cluster, or starting a small local one."""
 
 from __future__ import annotations
 

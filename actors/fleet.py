@@ -1,7 +1,7 @@
 """Session fleets: async actors that host many sessions of one or more runs as asyncio tasks.
 
 A run's sessions are sharded over the sweep's fleets (session i goes to fleet i mod F). A
-session is a coroutine, cheap; a process per session is not (RAY-NOTES.md). Each session runs
+session is a coroutine, cheap; a process per session is not. Each session runs
 the unchanged ``loadgen.core.session.run_session`` loop against the run's engine over HTTP, on a
 wall clock that shares the run's time origin, with two stand-ins: ``RemoteGate`` for the
 gateway (the run's controller actor answers) and ``RecorderProxy`` for the recorder (calls are

@@ -2,7 +2,7 @@
 
 The actuator (loadgen.gateway) owns the queues and asks a policy two questions, with the
 gateway's state and the time passed in: may this session be admitted, and should this admitted
-session be parked at its turn boundary. ``make_policy`` maps names to policies (SPEC.md section 5:
+session be parked at its turn boundary. ``make_policy`` maps names to policies (docs/experiments.md#gateway-controllers:
 none, admission-only, session-cap, adaptive-cap, aimd, budgeter); an unknown name or parameter is
 an error that lists the valid ones.
 """

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class GatewayView:
-    """What a policy may look at when it decides (SPEC.md section 5)."""
+    """What a policy may look at when it decides (docs/experiments.md#gateway-controllers)."""
 
     now_s: float
     num_active: int  # admitted sessions (thinking, in flight, or at a turn boundary)

@@ -11,7 +11,7 @@ from .base import NoLimit, Policy
 from .budgeter import KvBudgeter
 from .caps import AdmissionOnlyCap, SessionCap
 
-# SPEC.md section 5, in its order.
+# docs/experiments.md#gateway-controllers, in its order.
 POLICIES: dict[str, type[Policy]] = {
     policy.name: policy
     for policy in (NoLimit, AdmissionOnlyCap, SessionCap, AdaptiveCap, LatencyAimd, KvBudgeter)
@@ -19,7 +19,7 @@ POLICIES: dict[str, type[Policy]] = {
 
 
 def policy_params(name: str) -> dict[str, Any]:
-    """The constants a policy takes, with their SPEC defaults."""
+    """The constants a policy takes, with their documented defaults."""
     policy = _policy_class(name)
     if not dataclasses.is_dataclass(policy):
         return {}

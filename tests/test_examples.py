@@ -1,4 +1,4 @@
-"""The controller experiments of examples/ say what SPEC.md section 8 says and run on the simulated engine."""
+"""The controller experiments of examples/ say what docs/experiments.md#experiment-matrix says and run on the simulated engine."""
 
 from __future__ import annotations
 

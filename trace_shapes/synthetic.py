@@ -1,4 +1,4 @@
-"""The synthetic reference sessions of SPEC.md 2.1 and the session-mix shift of 2.2."""
+"""The synthetic reference sessions of docs/experiments.md#synthetic-agent-sessions and the session-mix shift of docs/experiments.md#session-mix-shift."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from .shape import SessionShape
 
 @dataclass(frozen=True)
 class SyntheticSessions:
-    """Fixed-size turns with exponential think time (SPEC.md 2.1 defaults)."""
+    """Fixed-size turns with exponential think time (docs/experiments.md#synthetic-agent-sessions defaults)."""
 
     system_prompt_tokens: int = 2000
     task_tokens: int = 4000
@@ -36,7 +36,7 @@ class SyntheticSessions:
         )
 
 
-# SPEC.md 2.2: short interactive vs long autonomous sessions (same turn structure otherwise).
+# docs/experiments.md#session-mix-shift: short interactive vs long autonomous sessions (same turn structure otherwise).
 SHORT_INTERACTIVE = SyntheticSessions(task_tokens=1000, num_turns=12, think_time_mean_s=15.0, kind="short")
 LONG_AUTONOMOUS = SyntheticSessions(task_tokens=20000, num_turns=12, think_time_mean_s=5.0, kind="long")
 

@@ -1,6 +1,6 @@
 """TraceLab-like coding-agent sessions generated from published statistics, for users without the file.
 
-Published (SPEC.md 2.3; uw-syfi/TraceLab README): median starting context ~19K tokens, median
+Published (docs/experiments.md#replayed-trace-shapes; uw-syfi/TraceLab README): median starting context ~19K tokens, median
 per-call context ~136K, tool gaps with a median of 0.1-0.2 s and a heavy tail; 357,161 rounds
 in 4,265 sessions (84 calls per session on average). Everything else is an assumption, chosen
 so that the generated sessions reproduce those numbers (tests/trace_shapes/test_tracelab.py

@@ -37,7 +37,7 @@ def collapsed_at(turns: pa.Table, at_s: float, window_s: float = COLLAPSE_WINDOW
 def recovery_time_s(turns: pa.Table, control_start_s: float, duration_s: float,
                     threshold: float = RECOVERED_HIT_RATIO, window_s: float = RECOVERY_WINDOW_S,
                     step_s: float = RECOVERY_STEP_S, follow_up_s: float = RECOVERY_FOLLOW_UP_S) -> Optional[float]:
-    """SPEC.md section 7: from control start to the start of the first window_s window (slid by
+    """docs/experiments.md#measurements: from control start to the start of the first window_s window (slid by
     step_s from control start) from which every later window has hit ratio >= threshold.
 
     Windows end by the run's end; an empty window is not recovered. The recovered stretch must

@@ -103,7 +103,7 @@ def format_outcome_table(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 def _fmt_recovery_minutes(minutes: Optional[float]) -> str:
-    """SPEC.md section 7: recovery times under 5 minutes are reported as "<5"."""
+    """docs/experiments.md#measurements: recovery times under 5 minutes are reported as "<5"."""
     if minutes is None:
         return "-"
     return "<5" if minutes < 5 else f"{minutes:.0f}"

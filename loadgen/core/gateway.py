@@ -1,4 +1,4 @@
-"""The gateway actuator: one set of queues, any limit (SPEC.md section 5).
+"""The gateway actuator: one set of queues, any limit (docs/experiments.md#gateway-controllers).
 
 Before each turn a session asks the gateway; the gateway asks its policy and either lets the
 turn through (returns None: no await, no cost) or hands back a future the session awaits.
@@ -13,7 +13,7 @@ turn through (returns None: no await, no cost) or hands back a future the sessio
   at ``control_start_s`` switches it on, so the policy's state (an AIMD interval, an estimate)
   starts exactly then rather than at whichever session event happens to come next.
 
-Liveness rule (ours, not SPEC.md's): whenever no session is admitted, the head of the queues
+Liveness rule (ours, an addition to the published limits): whenever no session is admitted, the head of the queues
 (parked first) is admitted whatever the limit says. So a session whose demand alone exceeds the
 budget still runs (alone), a limit that falls to 0 still lets one session through, and once
 arrivals stop every session finishes: each admission sends at least one turn before its

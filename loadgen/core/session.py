@@ -23,7 +23,7 @@ from .workload import SessionPlan
 
 @dataclass
 class SessionCounts:
-    """Sessions by state, for the sampler (SPEC.md 7: sessions in the system)."""
+    """Sessions by state, for the sampler (docs/experiments.md#measurements: sessions in the system)."""
 
     in_system: int = 0
     thinking: int = 0

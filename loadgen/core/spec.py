@@ -1,7 +1,7 @@
 """Typed, validated experiment specs. The CLI is a thin layer over these models.
 
 Times are seconds (``*_s``); every ``*_s`` field also accepts ``*_min`` (minutes) in YAML, as
-SPEC.md writes them ("5 min at minute 15"). Unknown fields are errors.
+docs/experiments.md writes them ("5 min at minute 15"). Unknown fields are errors.
 """
 
 from __future__ import annotations
@@ -380,7 +380,7 @@ Trigger = Annotated[
 # ---------------------------------------------------------------- controllers, arms
 class ControllerSpec(_Model):
     name: str = Field("none", description="Gateway limit: " + ", ".join(sorted(POLICIES)))
-    params: dict[str, Any] = Field(default_factory=dict, description="Constants of the limit (SPEC defaults).")
+    params: dict[str, Any] = Field(default_factory=dict, description="Constants of the limit (documented defaults).")
     start_s: float = Field(0.0, ge=0, description="Control is switched on here; before it the gate is 'none'.")
 
     @field_validator("name")

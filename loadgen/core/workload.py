@@ -1,4 +1,4 @@
-"""Who arrives when, with what shape: base arrivals plus triggers (SPEC.md sections 2-4).
+"""Who arrives when, with what shape: base arrivals plus triggers (docs/experiments.md: workloads, triggers, paired design).
 
 Randomness is owned and keyed, never global:
 * the base arrival times come from a generator seeded by (seed, BASE);

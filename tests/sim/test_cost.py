@@ -21,7 +21,7 @@ def test_fit_residuals_stay_within_what_the_docs_report():
     # per-operation measurements within 16%; the linear c(L) fits of whole turns within 35%
     assert max(abs(r["relative_residual"]) for r in direct) < 0.16
     assert result.max_abs_relative_residual < 0.35
-    m = result.model  # the rough fit of ENGINE-NOTES.md: t0 ~5 ms, a 50-60 us, b ~3 ns, g 40-60 ns
+    m = result.model  # the rough fit of docs/engine-model.md: t0 ~5 ms, a 50-60 us, b ~3 ns, g 40-60 ns
     assert 3e-3 < m.t0_s < 7e-3 and 45e-6 < m.a_s_per_token < 65e-6
     assert 2e-9 < m.b_s_per_token2 < 4.5e-9 and 35e-9 < m.g_s_per_token < 70e-9
 

@@ -8,7 +8,7 @@ GIB = 2 ** 30
 
 
 def test_model_shapes_match_the_published_sizes():
-    assert QWEN3_8B.kv_bytes_per_token() == 144 * 1024  # SPEC.md 6: 144 KiB per token
+    assert QWEN3_8B.kv_bytes_per_token() == 144 * 1024  # docs/engine-model.md#calibration: 144 KiB per token
     assert 400_000 * QWEN3_8B.kv_bytes_per_token() / 1e9 == pytest.approx(59, abs=0.1)  # "400K tokens (59 GB)"
     assert QWEN3_32B.kv_bytes_per_token() == 256 * 1024  # 64 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes
     # model cards: 8.2B parameters (6.95B without embeddings), 32.8B (31.2B)
@@ -33,6 +33,6 @@ def test_a_365k_pool_is_what_80_percent_of_an_mi300x_leaves():
     free = 0.8 * 192 * GIB - 2 * QWEN3_32B.weight_params()  # BF16 weights
     before_activations = free / QWEN3_32B.kv_bytes_per_token()
     assert before_activations == pytest.approx(379_000, rel=0.01)
-    # SPEC.md 6 reports ~365K: vLLM also keeps a few GiB for activations
+    # docs/engine-model.md#calibration reports ~365K: vLLM also keeps a few GiB for activations
     reserve_gib = (before_activations - 365_000) * QWEN3_32B.kv_bytes_per_token() / GIB
     assert 1 < reserve_gib < 6

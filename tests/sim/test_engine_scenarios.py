@@ -79,12 +79,12 @@ def test_turn_two_hits_through_a_shared_prefix(engine_cls):
 
 
 def test_lru_eviction_trims_the_least_recently_freed_request_from_its_tail(engine_cls):
-    """VLLM-CPU.md: a 400-block pool of 128-token blocks, three 20K prompts, then the first again.
+    """The real CPU vLLM (docs/cpu-vllm.md): a 400-block pool of 128-token blocks, three 20K prompts, then the first again.
 
     Each 20,000-token prompt (16 output tokens) holds 157 blocks, 156 of them hashed. A's blocks
     go to the free queue tail first; B takes the 242 never-used blocks' first 157; C takes the
     other 85, A's unhashed tail block and 71 of A's hashed blocks, from A's tail down. A keeps
-    its first 85 blocks: 10,880 tokens. (The measurement in VLLM-CPU.md hit 11,008 = 86 blocks,
+    its first 85 blocks: 10,880 tokens. (The measurement on the real engine hit 11,008 = 86 blocks,
     one more, with a history that included warm-up requests.)"""
     engine = make_engine(engine_cls, num_blocks=400, block_size=128)
     for key in "ABC":

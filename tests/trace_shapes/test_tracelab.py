@@ -1,4 +1,4 @@
-"""The TraceLab-like generator reproduces the statistics it was built from (SPEC.md 2.3, TraceLab README)."""
+"""The TraceLab-like generator reproduces the statistics it was built from (docs/experiments.md#replayed-trace-shapes, TraceLab README)."""
 
 import numpy as np
 import pytest
