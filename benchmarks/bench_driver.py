@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +34,7 @@ from loadgen.live.runner import run_live  # noqa: E402
 from loadgen.core.runner import RunKey  # noqa: E402
 from loadgen.core.spec import parse_spec  # noqa: E402
 from loadgen.core.workload import plan_sessions  # noqa: E402
+from tests.servers import start_server as start_and_wait  # noqa: E402
 
 
 def start_server(port: int, kind: str) -> subprocess.Popen:
@@ -45,15 +45,7 @@ def start_server(port: int, kind: str) -> subprocess.Popen:
         cmd = [sys.executable, str(ROOT / "benchmarks" / "zero_server.py"), "--port", str(port)]
     if os.cpu_count() and os.cpu_count() > 1:
         cmd = ["taskset", "-c", "1"] + cmd
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
-    for _ in range(100):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("serve-sim did not start")
+    return start_and_wait(cmd, f"http://127.0.0.1:{port}", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
 
 
 def spec(url: str, **workload) -> dict:

@@ -12,35 +12,18 @@ import signal
 import subprocess
 import sys
 import tempfile
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.conftest import make_spec_dict
-from tests.live.vllm_cpu import free_port
+from tests.servers import free_port, wait_ready
 
 pytestmark = pytest.mark.ray
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-
-
-def _wait_for_job_server(url: str, head: subprocess.Popen, timeout_s: float = 120.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if head.poll() is not None:
-            raise RuntimeError(f"`ray start --head` exited with {head.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/api/version", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(f"no job server at {url}")
 
 
 def _stop_head(head: subprocess.Popen) -> None:
@@ -74,7 +57,7 @@ def test_ray_job_submit_runs_a_simulated_sweep(tmp_path):
                             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=tmp_path)
     try:
         address = f"http://127.0.0.1:{dashboard}"
-        _wait_for_job_server(address, head)
+        wait_ready(address, 120.0, head, path="/api/version", poll_s=0.5)
         job = subprocess.run([str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(REPO),
                               "--", "loadgen", "sweep", str(spec_path), "--out", str(out),
                               "--no-figures"],

@@ -6,34 +6,19 @@ import asyncio
 import subprocess
 import sys
 import threading
-import time
-import urllib.request
 
 import pytest
 
-from tests.live.vllm_cpu import free_port
-
-
-def wait_healthy(url: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise TimeoutError(f"{url} did not become healthy")
+from tests.servers import free_port, start_server
 
 
 class ServeSim:
     def __init__(self, time_scale: float, *extra: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "loadgen.cli", "serve-sim", "--port", str(self.port),
-                                      "--time-scale", str(time_scale), *extra],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        wait_healthy(self.url)
+        self.proc = start_server([sys.executable, "-m", "loadgen.cli", "serve-sim", "--port", str(self.port),
+                                  "--time-scale", str(time_scale), *extra], self.url,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -13,12 +13,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: python tests/live/vllm_cpu.py install
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.servers import free_port, wait_ready  # noqa: E402
 
 VLLM_CPU_VERSION = "0.32.0"
 HERE = Path(__file__).resolve().parent
@@ -55,12 +56,6 @@ def tiny_model_dir(dest: Path) -> Path:
     return dest
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class VllmServer:
     """``vllm serve`` (CPU build) on 127.0.0.1 with prefix caching and cached-token reports."""
 
@@ -90,20 +85,13 @@ class VllmServer:
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm exited with {self.proc.returncode}; log: {self.log_path}\n"
-                                   + self.log_path.read_text()[-3000:])
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return self
-            except OSError:
-                pass
-            time.sleep(1.0)
-        self.stop()
-        raise TimeoutError(f"vllm did not become healthy in {timeout_s:.0f} s; log: {self.log_path}")
+        try:
+            wait_ready(self.url, timeout_s, self.proc, poll_s=1.0,
+                       describe=lambda: f"; log: {self.log_path}\n" + self.log_path.read_text()[-3000:])
+        except BaseException:
+            self.stop()
+            raise
+        return self
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
