@@ -244,7 +244,7 @@ def scale_cost_model(base: StepCostModel, base_shape: TransformerShape, shape: T
     a, per scheduled token, is the projections and MLP (2 FLOPs a weight): x non-embedding parameters.
     b, per prefill (query, key) pair, is attention's QK^T and PV: x layers x query heads x head_dim.
     g, per decode context token, is reading its K and V: x KV bytes per token.
-    A derivation, not a fit: nothing here was measured on the target model (docs/cost-model.md)."""
+    A derivation, not a fit: nothing here was measured on the target model (docs/engine-model.md#calibration)."""
     return StepCostModel(
         t0_s=base.t0_s * shape.weight_params() / base_shape.weight_params(),
         a_s_per_token=base.a_s_per_token * shape.non_embedding_params() / base_shape.non_embedding_params(),

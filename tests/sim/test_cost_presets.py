@@ -1,4 +1,4 @@
-"""The derived Qwen3-32B-on-MI300X preset: its arithmetic from the two models' shapes (docs/cost-model.md)."""
+"""The derived Qwen3-32B-on-MI300X preset: its arithmetic from the two models' shapes (docs/engine-model.md#calibration)."""
 
 import pytest
 
