@@ -38,6 +38,9 @@ class TurnResult:
     error: Optional[str] = None
     output_token_ids: Optional[list[int]] = None
     inter_token_gaps_s: tuple[float, ...] = ()  # between streamed chunks (live engines)
+    # the simulated engine's per-token times, summarized (it computes them, it does not stream)
+    itl_mean_s: float = float("nan")
+    itl_max_s: float = float("nan")
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,8 @@ class SimEngineClient:
         self._rearm()
         await fut
         return TurnResult(req.arrival_s, req.first_token_s, req.finish_s, req.num_prompt_tokens,
-                          req.num_cached_tokens, req.generated, req.num_preemptions)
+                          req.num_cached_tokens, req.generated, req.num_preemptions,
+                          itl_mean_s=req.mean_token_gap_s, itl_max_s=req.max_token_gap_s)
 
     def metrics(self) -> EngineMetrics:
         engine = self.engine

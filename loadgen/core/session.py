@@ -6,7 +6,6 @@ turn's output and the tool's output, and goes again. The gateway is asked before
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -145,9 +144,12 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
             result = await engine.generate(request)
             counts.in_engine -= 1
             gaps = result.inter_token_gaps_s
+            # streamed gaps (live) or the simulated engine's own per-token times
+            itl_mean_s = sum(gaps) / len(gaps) if gaps else result.itl_mean_s
+            itl_max_s = max(gaps) if gaps else result.itl_max_s
             recorder.turn(sid, k, plan.is_trigger, shape.kind, ready, admit, result.first_token_s, result.finish_s,
                           result.prompt_tokens, result.cached_tokens, result.output_tokens, result.num_preemptions,
-                          result.error, sum(gaps) / len(gaps) if gaps else math.nan, max(gaps) if gaps else math.nan)
+                          result.error, itl_mean_s, itl_max_s)
             if result.error is None or not env.retry.should_retry(attempt, result.error):
                 break
             await clock.sleep(env.retry.delay_s(attempt))

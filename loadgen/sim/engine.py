@@ -29,6 +29,7 @@ fixed when it starts; arrivals during it wait for the next one). The last commit
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
@@ -67,6 +68,7 @@ class SimRequest:
         "arrival_s", "first_token_s", "finish_s", "num_cached_tokens", "num_preemptions",
         "state", "num_tokens", "num_computed", "generated", "alloc_blocks", "admit_seq",
         "is_decoder", "g0", "nc0", "gen0", "residue", "is_builder", "prefix_hit_blocks",
+        "last_token_s", "max_token_gap_s",
     )
 
     def __init__(self, request_id: Hashable, stream: Stream, num_prompt_tokens: int, max_tokens: int,
@@ -95,6 +97,17 @@ class SimRequest:
         self.g0 = self.nc0 = self.gen0 = self.residue = 0
         self.is_builder = False
         self.prefix_hit_blocks = 0
+        # Per-token timing: when the latest token was sampled and the longest gap between two
+        # consecutive tokens so far (a preempted request's gap spans its wait and recompute).
+        self.last_token_s: Optional[float] = None
+        self.max_token_gap_s = math.nan
+
+    @property
+    def mean_token_gap_s(self) -> float:
+        """Mean gap between consecutive tokens: (last token - first token) / (tokens - 1)."""
+        if self.generated < 2 or self.first_token_s is None or self.last_token_s is None:
+            return math.nan
+        return (self.last_token_s - self.first_token_s) / (self.generated - 1)
 
     def __repr__(self) -> str:
         return (f"SimRequest({self.request_id!r}, prompt={self.num_prompt_tokens}, "
@@ -127,6 +140,7 @@ class SimEngine:
         self._done: list[SimRequest] = []  # finishing at the end of the in-flight step
         self._first: list[SimRequest] = []  # first token at the end of the in-flight step (with on_first_token)
         self._flush_requested = False
+        self._aborts: list[SimRequest] = []  # to abort at the next step boundary, in request order
         self.flush_times_s: list[float] = []
         # vLLM-like counters (token counters, like vllm:prefix_cache_*_total)
         self.prefix_cache_queries = 0
@@ -135,6 +149,14 @@ class SimEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.num_steps = 0
+        # Step durations for per-token gaps, kept O(1) per committed chunk (one general step or
+        # one closed-form decode stretch): a stack of (first step index, longest step in it)
+        # with strictly decreasing durations, so the longest step from step g on is the first
+        # entry at or after g. A decoder spans whole chunks (it joins after a general step and
+        # leaves at a chunk's end), so its longest gap is one lookup when it leaves.
+        self._gap_steps: list[int] = []
+        self._gap_max_s: list[float] = []
+        self._last_end_s = 0.0  # end of the latest committed step
 
     # ------------------------------------------------------------------ public surface
     def stream(self, key: Hashable, base_tokens: int = 0) -> Stream:
@@ -202,6 +224,20 @@ class SimEngine:
         if self._inflight_end is None:
             self._apply_flush(now_s)
 
+    def abort(self, request: SimRequest, now_s: float) -> None:
+        """The client went away: drop ``request`` as vLLM aborts it (its output is never delivered).
+
+        vLLM's engine core takes aborts between steps, so it leaves at the next step boundary:
+        a request the step in flight finishes is delivered as usual; otherwise it leaves the
+        waiting queue or the running set, its blocks are freed tail first and the full blocks it
+        computed keep their hashes, so a retry of the same prompt hits them."""
+        self.advance_to(now_s)
+        if request.state == FINISHED:
+            return
+        self._aborts.append(request)
+        if self._inflight_end is None:
+            self._apply_aborts()
+
     def advance_to(self, t_s: float) -> None:
         """Commit every step starting at or before ``t_s``; deliver requests finished by then."""
         while True:
@@ -221,6 +257,8 @@ class SimEngine:
                         req.finish_s = end
                         if req.on_done is not None:
                             req.on_done(req)
+            if self._aborts:
+                self._apply_aborts()
             if self._flush_requested:
                 self._apply_flush(self._next_start)
             if not self.running and not self.waiting:
@@ -239,7 +277,7 @@ class SimEngine:
         end = self._inflight_end
         if end is None:
             return None
-        if self._done or self._first or self._flush_requested or not self._can_stretch():
+        if self._done or self._first or self._flush_requested or self._aborts or not self._can_stretch():
             return end
         num_steps = self._stretch_len(end, None)
         if num_steps == 0:
@@ -257,6 +295,14 @@ class SimEngine:
 
     def kv_usage(self) -> float:
         return self.pool.usage()
+
+    def _push_gap(self, first_step: int, longest_s: float) -> None:
+        steps, gaps = self._gap_steps, self._gap_max_s
+        while gaps and gaps[-1] <= longest_s:
+            gaps.pop()
+            steps.pop()
+        steps.append(first_step)
+        gaps.append(longest_s)
 
     # ------------------------------------------------------------------ decoders as aggregates
     def _add_decoder(self, req: SimRequest, g0: int) -> None:
@@ -280,6 +326,12 @@ class SimEngine:
         req.num_computed = req.nc0 + steps
         req.generated = req.gen0 + steps
         req.num_tokens = req.num_prompt_tokens + req.generated
+        if steps > 0:
+            # its tokens were sampled at the ends of steps g0 .. g-1, the last one just committed
+            gap_s = self._gap_max_s[bisect.bisect_left(self._gap_steps, req.g0)]
+            if not gap_s <= req.max_token_gap_s:
+                req.max_token_gap_s = gap_s
+            req.last_token_s = self._last_end_s
 
     def _stretch_coeffs(self) -> tuple[float, float]:
         """Step i of a pure-decode stretch from G lasts alpha + 2 * beta * i."""
@@ -290,7 +342,7 @@ class SimEngine:
 
     # ------------------------------------------------------------------ stretches
     def _can_stretch(self) -> bool:
-        if self.prefilling or not self.num_decoders or self._flush_requested:
+        if self.prefilling or not self.num_decoders or self._flush_requested or self._aborts:
             return False
         return not self.waiting or self._admission_plan(self.waiting[0],
                                                         self.config.max_num_batched_tokens - self.num_decoders) is None
@@ -342,6 +394,8 @@ class SimEngine:
         self.pool.allocate(blocks)
         alpha, beta = self._stretch_coeffs()
         self._inflight_end = start_s + alpha * num_steps + beta * num_steps * (num_steps - 1)
+        self._last_end_s = self._inflight_end
+        self._push_gap(g, alpha + 2 * beta * (num_steps - 1))  # its steps grow longer: the last is longest
         self.step_index = g + num_steps
         self.num_steps += num_steps
         self.generation_tokens_total += r * num_steps
@@ -410,6 +464,8 @@ class SimEngine:
                     self.prefilling.append(req)
         end = start_s + self.cost.step_time(num_tokens, attention, decode_ctx)
         self._inflight_end = end
+        self._last_end_s = end
+        self._push_gap(g, end - start_s)
         self.step_index = g + 1
         self.num_steps += 1
         self.generation_tokens_total += r + len(completed)
@@ -418,6 +474,11 @@ class SimEngine:
             if req in self.prefilling:
                 self.prefilling.remove(req)
             req.generated += 1
+            if req.last_token_s is not None:  # resumed after a preemption
+                gap_s = end - req.last_token_s
+                if not gap_s <= req.max_token_gap_s:
+                    req.max_token_gap_s = gap_s
+            req.last_token_s = end
             if req.first_token_s is None:
                 req.first_token_s = end
                 if req.on_first_token is not None:
@@ -577,6 +638,23 @@ class SimEngine:
             pool.release(prefix)
         req.is_builder = False
         req.alloc_blocks = 0
+
+    def _apply_aborts(self) -> None:
+        aborts, self._aborts = self._aborts, []
+        g = self.step_index
+        for req in aborts:
+            if req.state == WAITING:
+                self.waiting.remove(req)  # waiting requests hold no blocks (a preempted one freed them)
+            elif req.state == RUNNING:
+                if req.is_decoder:
+                    self._remove_decoder(req, g)
+                else:
+                    self.prefilling.remove(req)
+                del self.running[req]
+                self._release_blocks(req, req.num_computed)
+            else:
+                continue
+            req.state = FINISHED
 
     def _apply_flush(self, now_s: float) -> None:
         self._flush_requested = False

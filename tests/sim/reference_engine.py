@@ -130,6 +130,7 @@ class ReferenceEngine:
         self._inflight: list[tuple[RefState, int]] = []  # (request, tokens) scheduled by the step in flight
         self._next_start: Optional[float] = None
         self._flush_requested = False
+        self._aborts: list[SimRequest] = []
         self.flush_times_s: list[float] = []
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
@@ -187,6 +188,17 @@ class ReferenceEngine:
         if self._inflight_end is None:
             self._apply_flush(now_s)
 
+    def abort(self, request: SimRequest, now_s: float) -> None:
+        """Drop ``request`` at the next step boundary (vLLM's engine core handles aborts between
+        steps): out of the waiting queue, or out of the running list with its block table freed
+        tail first, hashes kept. A request the step in flight finishes is delivered instead."""
+        self.advance_to(now_s)
+        if request.state == FINISHED:
+            return
+        self._aborts.append(request)
+        if self._inflight_end is None:
+            self._apply_aborts()
+
     def advance_to(self, t_s: float) -> None:
         while True:
             if self._inflight_end is not None:
@@ -202,6 +214,8 @@ class ReferenceEngine:
                     req.finish_s = end
                     if req.on_done is not None:
                         req.on_done(req)
+            if self._aborts:
+                self._apply_aborts()
             if self._flush_requested:
                 self._apply_flush(self._next_start)
             if not self.running and not self.waiting:
@@ -407,6 +421,12 @@ class ReferenceEngine:
             req.generated += 1
             st.num_tokens += 1
             self.generation_tokens_total += 1
+            # every token's sampling time, one at a time: the gap since the previous token
+            if req.last_token_s is not None:
+                gap_s = self._inflight_end - req.last_token_s
+                if not gap_s <= req.max_token_gap_s:
+                    req.max_token_gap_s = gap_s
+            req.last_token_s = self._inflight_end
             if req.first_token_s is None:
                 req.first_token_s = self._inflight_end
                 if getattr(req, "on_first_token", None) is not None:
@@ -434,6 +454,19 @@ class ReferenceEngine:
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
+
+    def _apply_aborts(self) -> None:
+        aborts, self._aborts = self._aborts, []
+        for req in aborts:
+            if req.state == WAITING:
+                self.waiting.remove(req)
+            elif req.state == RUNNING:
+                self.running.remove(req)
+                self._free_request_blocks(self.states[req])
+            else:
+                continue
+            del self.states[req]
+            req.state = FINISHED
 
     def _apply_flush(self, now_s: float) -> None:
         self._flush_requested = False

@@ -191,6 +191,8 @@ def random_workload(seed: int, mixed_prefix_lengths: bool = False) -> Workload:
 def _close(a: Optional[float], b: Optional[float]) -> bool:
     if a is None or b is None:
         return a is b
+    if math.isnan(a) or math.isnan(b):  # no gap: fewer than two tokens
+        return math.isnan(a) and math.isnan(b)
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
 
@@ -204,7 +206,7 @@ def assert_same(wl: Workload, label: str = "") -> None:
         got = (f.num_cached_tokens, f.num_preemptions, f.generated)
         want = (r.num_cached_tokens, r.num_preemptions, r.generated)
         assert got == want, f"request {key}: fast (cached, preemptions, generated) {got} != reference {want}{where}"
-        for name in ("arrival_s", "first_token_s", "finish_s"):
+        for name in ("arrival_s", "first_token_s", "finish_s", "last_token_s", "max_token_gap_s", "mean_token_gap_s"):
             assert _close(getattr(f, name), getattr(r, name)), (
                 f"request {key}: {name} fast {getattr(f, name)!r} != reference {getattr(r, name)!r}{where}")
     assert fast.completion_order == ref.completion_order, where
