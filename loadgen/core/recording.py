@@ -85,15 +85,21 @@ class _Columns:
 class RunRecorder:
     """Collects one run's turns and samples; writes them as the run goes."""
 
-    def __init__(self, run_dir: Path, run_id: str, arm: str, seed: int, flush_interval_s: float) -> None:
-        self.run_dir = Path(run_dir)
+    def __init__(self, run_dir: Optional[Path], run_id: str, arm: str, seed: int, flush_interval_s: float) -> None:
+        # run_dir None keeps the rows in memory (``tables()``): `loadgen map` runs thousands of
+        # runs and keeps only one outcome row each, so writing their Parquet would be waste
+        self.run_dir = Path(run_dir) if run_dir is not None else None
         self.run_id = run_id
         self.arm = arm
         self.seed = seed
         self.flush_interval_s = flush_interval_s
         self._next_flush_s = flush_interval_s
-        self._parts = self.run_dir / PARTS_DIR
-        self._parts.mkdir(parents=True, exist_ok=True)
+        self._in_memory: Optional[dict[str, list[pa.Table]]] = None
+        if self.run_dir is None:
+            self._in_memory = {name: [] for name in TABLES}
+        else:
+            self._parts = self.run_dir / PARTS_DIR
+            self._parts.mkdir(parents=True, exist_ok=True)
         self._num_parts = {name: 0 for name in TABLES}
         self._turns = _Columns(TURN_SCHEMA)
         self._samples = _Columns(SAMPLE_SCHEMA)
@@ -152,7 +158,9 @@ class RunRecorder:
 
     def flush(self) -> None:
         for name, columns in (("turns", self._turns), ("samples", self._samples), ("sessions", self._sessions)):
-            if len(columns):
+            if len(columns) and self._in_memory is not None:
+                self._in_memory[name].append(columns.take())
+            elif len(columns):
                 index = self._num_parts[name]
                 self._num_parts[name] += 1
                 path = self._parts / f"{name}-{index:05d}.parquet"
@@ -165,7 +173,15 @@ class RunRecorder:
             self._session_row(session_id, session, math.nan, "in_system")
         self._open_sessions.clear()
         self.flush()
-        merge_parts(self.run_dir)
+        if self.run_dir is not None:
+            merge_parts(self.run_dir)
+
+    def tables(self) -> dict[str, pa.Table]:
+        """An in-memory recorder's rows so far: turns, samples and sessions as written to disk."""
+        if self._in_memory is None:
+            raise ValueError("tables(): this recorder writes to its run directory")
+        return {name: pa.concat_tables(parts) if parts else TABLES[name].empty_table()
+                for name, parts in self._in_memory.items()}
 
 
 @dataclass

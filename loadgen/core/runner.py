@@ -54,20 +54,36 @@ def engine_config(engine: SimEngineSpec) -> EngineConfig:
 
 def run_simulated(spec: ExperimentSpec, key: RunKey, out_dir: Path, spec_dir: Optional[Path] = None) -> dict:
     """Simulate one run in virtual time; writes its directory and returns its run.json."""
-    arm = spec.arm(key.arm)
+    spec.arm(key.arm)  # an unknown arm fails before anything is written
     run_dir = Path(out_dir) / "runs" / key.run_id
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    ctl = spec.controller_for(arm)
     engine_spec = spec.engine
     info = run_info(spec, key, engine_spec.kind, engine_spec.pool_tokens)
     write_json_atomic(run_dir / "run.json", info)
+    recorder = RunRecorder(run_dir, key.run_id, key.arm, key.seed, spec.recording.flush_interval_s)
+    try:
+        counts = simulate(spec, key, recorder, spec_dir)
+        recorder.close()
+    except BaseException as exc:
+        recorder.flush()
+        info.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        write_json_atomic(run_dir / "run.json", info)
+        raise
+    info.update(status="completed", counts=counts)
+    write_json_atomic(run_dir / "run.json", info)
+    return info
 
+
+def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir: Optional[Path] = None) -> dict:
+    """Run one arm x seed in virtual time into ``recorder`` (not closed); returns run.json's counts."""
+    arm = spec.arm(key.arm)
+    ctl = spec.controller_for(arm)
+    engine_spec = spec.engine
     clock = VirtualClock()
     engine = SimEngineClient(clock, engine_config(engine_spec), engine_spec.load_cost_model(spec_dir))
     gateway = Gateway(clock, make_policy(ctl.name, **ctl.params), engine.pool_tokens, ctl.start_s)
-    recorder = RunRecorder(run_dir, key.run_id, key.arm, key.seed, spec.recording.flush_interval_s)
     env = RunEnv(clock, engine, gateway, recorder)
 
     for plan in plan_sessions(spec, arm, key.seed):
@@ -79,22 +95,13 @@ def run_simulated(spec: ExperimentSpec, key: RunKey, out_dir: Path, spec_dir: Op
     num_samples = int(math.floor(spec.duration_s / interval + 1e-9))
     for i in range(num_samples + 1):
         clock.call_at(i * interval, _sample, env)
-    try:
-        clock.run(until_s=spec.duration_s)
-        recorder.close()
-    except BaseException as exc:
-        recorder.flush()
-        info.update(status="failed", error=f"{type(exc).__name__}: {exc}")
-        write_json_atomic(run_dir / "run.json", info)
-        raise
+    clock.run(until_s=spec.duration_s)
     counts = env.counts
-    info.update(status="completed", counts={
+    return {
         "sessions_arrived": counts.arrived_total, "sessions_completed": counts.completed_total,
         "turns_completed": recorder.turns_completed,
         "engine_steps": engine.engine.num_steps, "engine_preemptions": engine.engine.num_preemptions,
-        "flush_times_s": engine.engine.flush_times_s})
-    write_json_atomic(run_dir / "run.json", info)
-    return info
+        "flush_times_s": engine.engine.flush_times_s}
 
 
 def run_spec(spec: ExperimentSpec, key: RunKey) -> dict:
