@@ -8,7 +8,7 @@ def shape(initial=100, prefix=32):
 
 
 def test_token_context_shares_the_prefix_and_appends_engine_ids():
-    a, b = TokenContext(shape(), 1), TokenContext(shape(), 2)
+    a, b = TokenContext(shape(), (1, "a"), 1), TokenContext(shape(), (1, "a"), 2)
     assert a.ids[:32] == b.ids[:32] and a.ids[32:] != b.ids[32:]
     a.append([7] * 8, 8, 20)
     assert a.ids[100:108] == [7] * 8 and len(a.ids) == 128
@@ -18,7 +18,7 @@ def test_token_context_shares_the_prefix_and_appends_engine_ids():
 
 def test_mapper_continues_a_stream_only_when_the_prompt_extends_all_of_it():
     m = PromptMapper(block_size=4)
-    ctx = TokenContext(shape(), 5)
+    ctx = TokenContext(shape(), (1, "a"), 5)
     pk, ptok, s1 = m.map(ctx.ids, prefix_tokens=32)
     assert pk is not None and ptok == 32
     out = [9] * 8
@@ -27,7 +27,7 @@ def test_mapper_continues_a_stream_only_when_the_prompt_extends_all_of_it():
     pk2, _, s2 = m.map(ctx.ids, prefix_tokens=32)
     assert s2 == s1 and pk2 == pk  # the next turn continues the same stream, same shared prefix
     m.release(s2)
-    other = TokenContext(shape(), 6)
+    other = TokenContext(shape(), (1, "a"), 6)
     pk3, _, s3 = m.map(other.ids, prefix_tokens=32)
     assert s3 != s1 and pk3 == pk  # another session: own stream, same system prompt
     _, _, s4 = m.map(ctx.ids[:60], prefix_tokens=32)

@@ -1,6 +1,6 @@
 import numpy as np
 
-from loadgen.core.workload import TRIGGER_SESSION_ID_BASE, piecewise_poisson_arrivals, plan_sessions, rng_for
+from loadgen.core.workload import TRIGGER_SESSION_ID_BASE, Stream, piecewise_poisson_arrivals, plan_sessions, rng_for
 from tests.conftest import make_spec, make_spec_dict
 from loadgen.core.spec import parse_spec
 
@@ -34,14 +34,14 @@ def test_burst_stream_has_its_own_seed():
 
 
 def test_rate_change_keeps_earlier_arrivals():
-    slow = piecewise_poisson_arrivals([(0.0, 0.05), (1000.0, 0.001)], 3000.0, rng_for(5, 0))
-    fast = piecewise_poisson_arrivals([(0.0, 0.05), (1000.0, 0.2)], 3000.0, rng_for(5, 0))
+    slow = piecewise_poisson_arrivals([(0.0, 0.05), (1000.0, 0.001)], 3000.0, rng_for(Stream.BASE_ARRIVALS, 5))
+    fast = piecewise_poisson_arrivals([(0.0, 0.05), (1000.0, 0.2)], 3000.0, rng_for(Stream.BASE_ARRIVALS, 5))
     assert [t for t in slow if t < 1000] == [t for t in fast if t < 1000]
     assert sum(t >= 1000 for t in fast) > 10 * sum(t >= 1000 for t in slow)
 
 
 def test_poisson_rate_is_right_on_average():
-    times = piecewise_poisson_arrivals([(0.0, 0.5)], 20_000.0, rng_for(1, 0))
+    times = piecewise_poisson_arrivals([(0.0, 0.5)], 20_000.0, rng_for(Stream.BASE_ARRIVALS, 1))
     assert abs(len(times) / 20_000.0 - 0.5) < 0.02
     gaps = np.diff(times)
     assert abs(gaps.std() / gaps.mean() - 1.0) < 0.05  # exponential: CV = 1

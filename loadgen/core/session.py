@@ -9,15 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-import numpy as np
-
 from trace_shapes import SessionShape
 
 from .clock import Clock
 from .engines import EngineClient, TurnRequest
 from .gateway import Gateway
 from .recording import RunRecorder
-from .workload import SessionPlan
+from .workload import SessionPlan, Stream, rng_for
 
 
 @dataclass
@@ -37,17 +35,20 @@ class SessionCounts:
 class TokenContext:
     """The real token ids of a session's context, for engines that need them (HTTP).
 
-    Random ids: the shared prefix from a generator keyed by the prefix name and length (identical
-    in every session), the rest from the session's own generator; a turn's output ids are the engine's
-    when it returns them (so the next prompt reuses exactly what the engine cached)."""
+    Random ids, keyed by the run (seed, arm): the shared prefix from a generator keyed by the run,
+    the prefix name and its length (identical in every session of the run), the rest from the
+    session's own generator; a turn's output ids are the engine's when it returns them (so the
+    next prompt reuses exactly what the engine cached). Another seed or arm sends other ids, so a
+    server that still caches an earlier run (no flush) gives it no hits."""
 
     VOCAB = 30000
 
-    def __init__(self, shape: SessionShape, session_seed: int) -> None:
+    def __init__(self, shape: SessionShape, run_key: tuple[int, str], session_id: int) -> None:
+        seed, arm = run_key
         # a system prompt is its name and its length: other lengths are other prompts, as the
         # simulated engine assumes (SimEngine.prefix_stream)
-        prefix_rng = np.random.Generator(np.random.PCG64(hash_str(f"{shape.prefix_key}/{shape.shared_prefix_tokens}")))
-        self._rng = np.random.Generator(np.random.PCG64(session_seed))
+        prefix_rng = rng_for(Stream.SHARED_PREFIX_TOKENS, seed, arm, shape.prefix_key, shape.shared_prefix_tokens)
+        self._rng = rng_for(Stream.SESSION_TOKENS, seed, arm, session_id)
         prefix = prefix_rng.integers(1, self.VOCAB, size=shape.shared_prefix_tokens).tolist()
         rest = self._rng.integers(1, self.VOCAB, size=shape.initial_tokens - shape.shared_prefix_tokens).tolist()
         self.ids: list[int] = prefix + rest
@@ -57,14 +58,6 @@ class TokenContext:
             output_ids = self._rng.integers(1, self.VOCAB, size=num_output).tolist()
         self.ids.extend(output_ids)
         self.ids.extend(self._rng.integers(1, self.VOCAB, size=num_tool).tolist())
-
-
-def hash_str(text: str) -> int:
-    """A stable (unsalted) 63-bit hash of a string."""
-    h = 1469598103934665603
-    for byte in text.encode():
-        h = ((h ^ byte) * 1099511628211) & 0x7FFFFFFFFFFFFFFF
-    return h
 
 
 @dataclass(frozen=True)
@@ -105,7 +98,11 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
     num_turns = shape.num_turns
     context = shape.initial_tokens
     demand = context + shape.output_tokens[0]
-    tokens = TokenContext(shape, sid) if engine.needs_token_ids else None
+    tokens = None
+    if engine.needs_token_ids:
+        if plan.token_key is None:
+            raise ValueError(f"session {sid}: a live run needs plans from plan_sessions (their token_key)")
+        tokens = TokenContext(shape, plan.token_key, sid)
     # A gate in another process (actors.fleet.RemoteGate) cannot answer on the spot: it returns
     # an awaitable of the answer (None: go; else a future to await), one round trip per turn.
     gate_answers_later = getattr(gateway, "answers_later", False)

@@ -24,9 +24,8 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
-import numpy as np
-
 from ..core.engines import TurnRequest, TurnResult
+from ..core.workload import Stream, rng_for
 from .http_client import OpenAIEngineClient, PreflightError
 from ..sim.cost import FitResult, Measurement, decode_step, fit_cost_model, prefill
 
@@ -64,7 +63,7 @@ class Calibrator:
         self.client = client
         self.plan = plan
         self.time_scale = time_scale  # a scaled serve-sim runs time_scale x faster than the wall clock
-        self.rng = np.random.Generator(np.random.PCG64(seed))
+        self.rng = rng_for(Stream.CALIBRATION_PROMPTS, seed)  # never a run's token ids
         self.log = log
         self._ids = 0
 

@@ -20,11 +20,11 @@ import asyncio
 import itertools
 from typing import Optional
 
-import numpy as np
 import orjson
 
 from ..core.clock import WallClock
 from ..core.engines import SimEngineClient
+from ..core.workload import Stream, rng_for
 from ..sim import EngineConfig, SimRequest, StepCostModel
 
 
@@ -92,7 +92,7 @@ class SimServer:
         self.cost = cost
         self.time_scale = time_scale
         self.model = model
-        self._rng = np.random.Generator(np.random.PCG64(seed))
+        self._rng = rng_for(Stream.SERVE_SIM_OUTPUT, seed)
         self.client: Optional[SimEngineClient] = None
         self.mapper = PromptMapper(config.block_size)
         self._ids = itertools.count(1)
