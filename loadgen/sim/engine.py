@@ -224,19 +224,21 @@ class SimEngine:
         if self._inflight_end is None:
             self._apply_flush(now_s)
 
-    def abort(self, request: SimRequest, now_s: float) -> None:
+    def abort(self, request: SimRequest, now_s: float) -> bool:
         """The client went away: drop ``request`` as vLLM aborts it (its output is never delivered).
 
         vLLM's engine core takes aborts between steps, so it leaves at the next step boundary:
         a request the step in flight finishes is delivered as usual; otherwise it leaves the
         waiting queue or the running set, its blocks are freed tail first and the full blocks it
-        computed keep their hashes, so a retry of the same prompt hits them."""
+        computed keep their hashes, so a retry of the same prompt hits them. Returns False when
+        the request finishes anyway (it is delivered, ``on_done`` included), True when aborted."""
         self.advance_to(now_s)
         if request.state == FINISHED:
-            return
+            return False
         self._aborts.append(request)
         if self._inflight_end is None:
             self._apply_aborts()
+        return True
 
     def advance_to(self, t_s: float) -> None:
         """Commit every step starting at or before ``t_s``; deliver requests finished by then."""

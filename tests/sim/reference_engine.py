@@ -188,16 +188,19 @@ class ReferenceEngine:
         if self._inflight_end is None:
             self._apply_flush(now_s)
 
-    def abort(self, request: SimRequest, now_s: float) -> None:
+    def abort(self, request: SimRequest, now_s: float) -> bool:
         """Drop ``request`` at the next step boundary (vLLM's engine core handles aborts between
         steps): out of the waiting queue, or out of the running list with its block table freed
         tail first, hashes kept. A request the step in flight finishes is delivered instead."""
         self.advance_to(now_s)
-        if request.state == FINISHED:
-            return
+        if request.state == FINISHED or any(
+                st.req is request and st.num_computed >= st.num_tokens and request.generated + 1 >= request.max_tokens
+                for st, _n in self._inflight):  # its last token is being sampled by the step in flight
+            return False
         self._aborts.append(request)
         if self._inflight_end is None:
             self._apply_aborts()
+        return True
 
     def advance_to(self, t_s: float) -> None:
         while True:

@@ -38,6 +38,9 @@ class SessionPlan:
     prompts: list[int]  # prompt of each turn: previous prompt + previous output + growth
     outputs: list[int]
     thinks: list[float]  # pause after turn k before turn k + 1
+    # turn k's first attempt is aborted this long after it was sent (the client hung up) unless
+    # it finished by then, and sent again at once with the same prompt (the client's retry)
+    abort_after_s: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -94,6 +97,7 @@ def run_workload(cls, wl: Workload, check_invariants: bool = True) -> RunResult:
     for i, s in enumerate(wl.sessions):
         heapq.heappush(pending, (s.arrival_s, next(seq), i, 0))
     flush_at = wl.flush_at
+    aborts: list = []  # (abort time, seq, request)
 
     def drain(t: float) -> None:
         """Schedule the next turn of every session whose turn was just delivered."""
@@ -108,7 +112,7 @@ def run_workload(cls, wl: Workload, check_invariants: bool = True) -> RunResult:
     for _ in range(MAX_EVENTS):
         wake = engine.next_wakeup()
         t = min(pending[0][0] if pending else math.inf, math.inf if wake is None else wake,
-                math.inf if flush_at is None else flush_at)
+                math.inf if flush_at is None else flush_at, aborts[0][0] if aborts else math.inf)
         if t == math.inf:
             break
         engine.advance_to(t)
@@ -117,6 +121,14 @@ def run_workload(cls, wl: Workload, check_invariants: bool = True) -> RunResult:
             engine.flush(t)
             flush_at = None
             drain(t)
+        while aborts and aborts[0][0] <= t:
+            _, _, req = heapq.heappop(aborts)
+            i, k = req.context
+            aborted = engine.abort(req, t)
+            drain(t)
+            if aborted:
+                res.requests[(i, k, "aborted")] = res.requests.pop((i, k))
+                heapq.heappush(pending, (t, next(seq), i, k))
         while pending and pending[0][0] <= t:
             _, _, i, k = heapq.heappop(pending)
             s = wl.sessions[i]
@@ -125,8 +137,11 @@ def run_workload(cls, wl: Workload, check_invariants: bool = True) -> RunResult:
             req = SimRequest((i, k), stream, s.prompts[k], s.outputs[k], prefix=prefix, on_done=on_done,
                              context=(i, k))
             req.on_first_token = on_first_token
+            first_attempt = (i, k, "aborted") not in res.requests
             res.requests[(i, k)] = req
             engine.submit(req, t)
+            if first_attempt and k in s.abort_after_s:
+                heapq.heappush(aborts, (t + s.abort_after_s[k], next(seq), req))
             drain(t)  # a zero-cost engine can finish a request inside submit
         if check_invariants and isinstance(engine, ReferenceEngine):
             engine.check_invariants()
@@ -141,7 +156,7 @@ def run_workload(cls, wl: Workload, check_invariants: bool = True) -> RunResult:
     return res
 
 
-def random_workload(seed: int, mixed_prefix_lengths: bool = False) -> Workload:
+def random_workload(seed: int, mixed_prefix_lengths: bool = False, with_aborts: bool = False) -> Workload:
     """A random closed-loop workload and engine configuration, all drawn from ``seed``.
 
     Every session naming a prefix key uses that key's one length (as the shipped synthetic
@@ -185,6 +200,11 @@ def random_workload(seed: int, mixed_prefix_lengths: bool = False) -> Workload:
     else:  # zero-cost steps (load-generator benchmarks): every step of a burst at one instant
         cost = StepCostModel(0.0, 0.0, 0.0, 0.0, name="zero")
     flush_at = rng.uniform(0.0, 0.4) if rng.random() < 0.3 else None
+    if with_aborts:  # drawn from their own generator: the rest of the workload is seed's as before
+        abort_rng = random.Random(f"aborts/{seed}")
+        for s in sessions:
+            s.abort_after_s = {k: abort_rng.uniform(0.0, 0.06) for k in range(len(s.prompts))
+                               if abort_rng.random() < 0.3}
     return Workload(knobs, sessions, cost, flush_at)
 
 
@@ -244,6 +264,30 @@ def test_random_workloads_exercise_the_hard_paths():
             r.num_cached_tokens < (wl.sessions[i].prompts[k - 1] + wl.sessions[i].outputs[k - 1] - 1) // bs * bs
             for (i, k), r in res.requests.items() if k > 0)
     assert all(v >= len(SEEDS) // 10 for v in seen.values()), seen
+
+
+# A client that hangs up: vLLM aborts its request at the next step boundary (blocks freed tail
+# first, hashes kept) and the client's retry of the same prompt hits what the aborted one computed.
+ABORT_SEEDS = range(150)
+
+
+@pytest.mark.parametrize("seed", ABORT_SEEDS)
+def test_fast_engine_matches_reference_with_aborted_requests(seed):
+    assert_same(random_workload(seed, with_aborts=True), f"aborts seed={seed}")
+
+
+def test_abort_workloads_abort_running_and_waiting_requests_and_retries_hit():
+    """The abort seeds reach aborts of requests in decode, in prefill and still waiting, and
+    retries that hit blocks their aborted attempt computed."""
+    seen = dict.fromkeys(("decoding", "prefilling_or_waiting", "retry_hit"), 0)
+    for seed in ABORT_SEEDS:
+        res = run_workload(ReferenceEngine, random_workload(seed, with_aborts=True), check_invariants=False)
+        for key, req in res.requests.items():
+            if len(key) == 3:
+                seen["decoding" if req.generated > 0 else "prefilling_or_waiting"] += 1
+                retry = res.requests[key[:2]]
+                seen["retry_hit"] += retry.num_cached_tokens > max(req.num_cached_tokens, 0)
+    assert all(v >= 20 for v in seen.values()), seen
 
 
 # A prefix is one prompt of one length (SimEngine.prefix_stream): a key used with two lengths

@@ -211,3 +211,36 @@ def test_a_prefix_stream_used_with_another_length_is_refused():
     submit(engine, "a", 20, 1, 0.0, prefix="sys", base_tokens=16)
     with pytest.raises(ValueError, match="one prompt of one length"):
         submit(engine, "b", 12, 1, 0.0, prefix="sys", base_tokens=8)
+
+
+# ---------------------------------------------------------------- aborts (a client that hung up)
+def test_an_aborted_decoder_frees_its_blocks_and_a_retry_hits_its_computed_prompt(engine_cls):
+    engine = make_engine(engine_cls, block_size=16)
+    first = submit(engine, "s", 100, 200, now=1.0)
+    engine.advance_to(1.5)  # prefilled long ago, decoding: 100 prompt + some output tokens in KV
+    assert first.first_token_s is not None and first.finish_s is None
+    engine.abort(first, 1.5)
+    run_until_idle(engine)
+    assert first.finish_s is None and engine.num_running == 0 and engine.kv_usage() == 0.0
+    retry = run_alone(engine, "s", 100, 1)
+    # the aborted request's full prompt blocks kept their hashes: (100 - 1) // 16 blocks hit
+    assert retry.num_cached_tokens == 96
+
+
+def test_an_abort_waits_for_the_step_in_flight(engine_cls):
+    engine = make_engine(engine_cls, block_size=16)
+    req = submit(engine, "s", 40, 1, now=1.0)  # one prefill step samples its only token
+    engine.abort(req, 1.0)  # the step is in flight: it finishes the request, which is delivered
+    run_until_idle(engine)
+    assert req.finish_s is not None and req.generated == 1
+
+
+def test_an_aborted_waiting_request_never_runs(engine_cls):
+    engine = make_engine(engine_cls, block_size=16, max_num_seqs=1)
+    busy = submit(engine, "a", 40, 50, now=1.0)
+    queued = submit(engine, "b", 40, 5, now=1.0)
+    engine.abort(queued, 1.001)
+    run_until_idle(engine)
+    assert busy.finish_s is not None and queued.finish_s is None and queued.num_cached_tokens == -1
+    assert engine.prefix_cache_queries == 40  # only the busy request was ever looked up
+    assert run_alone(engine, "b", 40, 1).num_cached_tokens == 0  # nothing of b was computed
