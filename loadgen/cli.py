@@ -70,8 +70,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from rich.console import Console
 
 
+    if args.fleets is not None and args.fleets < 1:
+        raise SpecError(f"--fleets must be a number of session-fleet actors >= 1, got {args.fleets}")
     try:  # Ray only for the commands that need a cluster
-        from actors.cluster import ray_cluster
+        from actors.cluster import ClusterUnreachable, ray_cluster
         from actors.sweep import SweepError, check_sweepable, run_sweep
     except ImportError as exc:
         raise SpecError(f"loadgen sweep needs Ray ({exc}): pip install 'agent-loadgen[ray]'") from None
@@ -102,6 +104,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                                 on_run_start=started, on_run_done=done)
     except SweepError as exc:
         raise SpecError(f"{args.spec}: {exc}") from None
+    except ClusterUnreachable as exc:
+        raise SpecError(str(exc)) from None
     console.print(f"{len(keys) - len(finished)} of {len(keys)} runs already completed (skipped), {len(finished)} ran")
     failed = [info for info in results if info.get("status") != "completed"]
     for info in failed:
