@@ -102,8 +102,14 @@ def test_last_10min_figures(tmp_path: Path) -> None:
         "controller", "control_start_s", "collapsed_at_control", "recovered", "recovery_time_min",
         "cohort_sessions_after_control", "cohort_done_after_control", "cohort_completion_median_min",
         "cohort_completion_p90_min", "gateway_wait_p90_first_turn_s",
+        # beside persistently_degraded (added later; the fields above are unchanged)
+        "ends_degraded", "degraded_windows_after_trigger", "degraded_only_in_final_window",
     }
     assert outcome["hit_ratio_last10min"] == pytest.approx((2700 + 100) / (3000 + 1000))
+    # windows after te = 1200: six at 0.2, [3000, 3300) at 0.9, [3300, 3600) at 0.1
+    assert outcome["ends_degraded"] is False and outcome["persistently_degraded"] is False
+    assert outcome["degraded_windows_after_trigger"] == pytest.approx(7 / 8)
+    assert outcome["degraded_only_in_final_window"] is False
     assert outcome["sessions_in_system_last5min"] == pytest.approx(20.0)
     assert outcome["turns_per_s_last10min"] == pytest.approx(2 / 600)
     assert outcome["turns_completed"] == 302 and outcome["sessions_completed"] == 42

@@ -13,7 +13,8 @@ from .recovery import (Cohort, cohort, cohort_completion_by_arrival, collapsed_a
 from .runs import SAMPLES_SCHEMA, SESSIONS_SCHEMA, TURNS_SCHEMA, RunData, load_run
 from .summary import Results, ResultsError, check_results_dir, load_results, summarize, write_summary
 from .tables import format_outcome_table, format_recovery_table, outcome_table
-from .windows import DEGRADED_HIT_RATIO, WindowSeries, hit_ratio_between, persistently_degraded, window_series
+from .windows import (DEGRADED_HIT_RATIO, WindowSeries, degraded_windows, ends_degraded, hit_ratio_between,
+                      persistently_degraded, window_series)
 
 _LAZY = {
     "arm_colors": "figures", "write_figures": "figures", "figure_arm_timeseries": "figures",
@@ -25,6 +26,7 @@ __all__ = [
     "load_results", "Results", "ResultsError", "check_results_dir", "summarize", "write_summary",
     "RunData", "load_run", "TURNS_SCHEMA", "SAMPLES_SCHEMA", "SESSIONS_SCHEMA",
     "WindowSeries", "window_series", "hit_ratio_between", "persistently_degraded", "DEGRADED_HIT_RATIO",
+    "degraded_windows", "ends_degraded",
     "run_outcome", "control_outcome", "collapsed_at", "recovery_time_s", "recovery_table", "Cohort", "cohort",
     "cohort_completion_by_arrival", "first_phase_end_s", "first_turn_gateway_waits_s", "quantile_nearest_rank",
     "paired_comparisons", "sign_test_p", "outcome_table", "format_outcome_table", "format_recovery_table",

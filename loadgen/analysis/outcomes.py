@@ -10,7 +10,8 @@ import pyarrow as pa
 
 from .recovery import control_outcome
 from .runs import RunData, float_column, json_float, success_mask
-from .windows import (LAST_HIT_WINDOW_S, LAST_SESSIONS_WINDOW_S, hit_ratio_between, num_turns_between,
+from .windows import (LAST_HIT_WINDOW_S, LAST_SESSIONS_WINDOW_S, degraded_only_in_final_window,
+                      degraded_windows, ends_degraded, hit_ratio_between, num_turns_between,
                       persistently_degraded)
 
 
@@ -50,6 +51,8 @@ def run_outcome(run: RunData) -> dict:
     if turns_completed is None:
         turns_completed = int(success_mask(run.turns).sum())
     num_last_turns = num_turns_between(run.turns, last_hit_start_s, duration_s)
+    hit_last10min = hit_ratio_between(run.turns, last_hit_start_s, duration_s)
+    degraded = degraded_windows(run.turns, info.get("reference_trigger_end_s"), duration_s)
 
     return {
         "run_id": str(info["run_id"]),
@@ -57,9 +60,7 @@ def run_outcome(run: RunData) -> dict:
         "arm": str(info["arm"]),
         "seed": int(info["seed"]),
         "duration_s": duration_s,
-        "hit_ratio_last10min": json_float(
-            hit_ratio_between(run.turns, last_hit_start_s, duration_s)
-        ),
+        "hit_ratio_last10min": json_float(hit_last10min),
         "sessions_in_system_last5min": json_float(
             _mean_sessions_between(
                 run.samples, duration_s - LAST_SESSIONS_WINDOW_S, duration_s
@@ -74,4 +75,11 @@ def run_outcome(run: RunData) -> dict:
             json_float(num_last_turns / last_hit_width_s) if last_hit_width_s > 0 else None
         ),
         **control_outcome(run),
+        # added beside persistently_degraded (docs/results-format.md): how the run ends, and how
+        # much of it after the trigger was degraded
+        "ends_degraded": ends_degraded(hit_last10min),
+        "degraded_windows_after_trigger": (
+            json_float(float(degraded.mean())) if len(degraded) else None
+        ),
+        "degraded_only_in_final_window": degraded_only_in_final_window(degraded),
     }

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
+from .windows import DEGRADED_HIT_RATIO
+
 
 def table_arms(summary: Mapping[str, Any]) -> list[str]:
     """Baseline arm, then compared arms, then any other arm with runs."""
@@ -25,6 +27,10 @@ def outcome_table(summary: Mapping[str, Any]) -> list[dict]:
             "hit_ratio_last10min": run["hit_ratio_last10min"],
             "sessions_in_system_last5min": run["sessions_in_system_last5min"],
             "persistently_degraded": bool(run["persistently_degraded"]),
+            # .get: summaries written before these fields existed still print
+            "ends_degraded": run.get("ends_degraded"),
+            "degraded_windows_after_trigger": run.get("degraded_windows_after_trigger"),
+            "degraded_only_in_final_window": bool(run.get("degraded_only_in_final_window")),
         }
     return [
         {"seed": seed, "arms": {arm: by_seed[seed].get(arm) for arm in arms}}
@@ -34,18 +40,35 @@ def outcome_table(summary: Mapping[str, Any]) -> list[dict]:
 def fmt_number(value: Optional[float], digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
+SUB_HEADERS = ["hit10m", "sess5m", "degraded", "ends", "degwin"]
+
+
+def _fmt_degraded(cell: Mapping[str, Any]) -> str:
+    if not cell["persistently_degraded"]:
+        return "no"
+    # degraded by the definition, but only its final window is: a late dip, not a collapse
+    return "final" if cell["degraded_only_in_final_window"] else "YES"
+
+def _fmt_yes_no(value: Optional[bool]) -> str:
+    return "-" if value is None else ("YES" if value else "no")
+
 def _fmt_cell(cell: Optional[Mapping[str, Any]]) -> list[str]:
     if cell is None:
-        return ["-", "-", "-"]
+        return ["-"] * len(SUB_HEADERS)
     return [
         fmt_number(cell["hit_ratio_last10min"], 3),
         fmt_number(cell["sessions_in_system_last5min"], 1),
-        "YES" if cell["persistently_degraded"] else "no",
+        _fmt_degraded(cell),
+        _fmt_yes_no(cell["ends_degraded"]),
+        fmt_number(cell["degraded_windows_after_trigger"], 2),
     ]
+
+def _count_per_seed(comparison: Mapping[str, Any], side: str, field: str) -> int:
+    return sum(bool(entry[side].get(field)) for entry in comparison.get("per_seed", []))
 
 def _fmt_comparison(comparison: Mapping[str, Any], baseline_arm: str) -> str:
     arm, n_pairs = comparison["arm"], comparison["n_pairs"]
-    return (
+    line = (
         f"{arm} vs {baseline_arm}: {n_pairs} pairs; persistently degraded "
         f"{comparison['degraded_arm']}/{n_pairs} ({arm}) vs "
         f"{comparison['degraded_baseline']}/{n_pairs} ({baseline_arm}); discordant pairs "
@@ -53,12 +76,20 @@ def _fmt_comparison(comparison: Mapping[str, Any], baseline_arm: str) -> str:
         f"{comparison['discordant_baseline_only']} ({baseline_arm} only); "
         f"two-sided sign test p = {comparison['sign_test_p']:.4g}"
     )
+    final_only = {side: _count_per_seed(comparison, side, "degraded_only_in_final_window")
+                  for side in ("arm", "baseline")}
+    if any(final_only.values()):
+        line += (f"; of the degraded, only in the final window: {final_only['arm']} ({arm}) / "
+                 f"{final_only['baseline']} ({baseline_arm})")
+    ends = {side: _count_per_seed(comparison, side, "ends_degraded") for side in ("arm", "baseline")}
+    return line + f"; ends degraded {ends['arm']}/{n_pairs} ({arm}) vs {ends['baseline']}/{n_pairs} ({baseline_arm})"
 
 def format_outcome_table(summary: Mapping[str, Any]) -> str:
     """The paired outcome table as fixed-width text, followed by one line per comparison."""
     arms = table_arms(summary)
     rows = outcome_table(summary)
-    sub_headers = ["hit10m", "sess5m", "degraded"]
+    sub_headers = SUB_HEADERS
+    per_arm = len(sub_headers)
 
     header = ["seed"] + sub_headers * len(arms)
     body = [
@@ -66,22 +97,23 @@ def format_outcome_table(summary: Mapping[str, Any]) -> str:
         for row in rows
     ]
     widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
-    # Each arm name heads its group of three columns; widen the group if the name is longer.
+    # Each arm name heads its group of columns; widen the group if the name is longer.
+    gaps = 2 * (per_arm - 1)  # the 2-space gaps inside a group
     for a, arm in enumerate(arms):
-        first = 1 + 3 * a
-        group_width = sum(widths[first : first + 3]) + 4  # two 2-space gaps inside a group
-        widths[first + 2] += max(0, len(arm) - group_width)
+        first = 1 + per_arm * a
+        group_width = sum(widths[first : first + per_arm]) + gaps
+        widths[first + per_arm - 1] += max(0, len(arm) - group_width)
 
     def group(cells: Sequence[str], a: int) -> str:
-        first = 1 + 3 * a
-        return "  ".join(cells[i].rjust(widths[i]) for i in range(first, first + 3))
+        first = 1 + per_arm * a
+        return "  ".join(cells[i].rjust(widths[i]) for i in range(first, first + per_arm))
 
     def join(cells: Sequence[str]) -> str:
         parts = [cells[0].rjust(widths[0])] + [group(cells, a) for a in range(len(arms))]
         return " | ".join(parts).rstrip()
 
     arm_titles = [" " * widths[0]] + [
-        arm.ljust(sum(widths[1 + 3 * a : 4 + 3 * a]) + 4) for a, arm in enumerate(arms)
+        arm.ljust(sum(widths[1 + per_arm * a : 1 + per_arm * (a + 1)]) + gaps) for a, arm in enumerate(arms)
     ]
     pairs = summary.get("pairs") or {}
     lines = [
@@ -93,7 +125,8 @@ def format_outcome_table(summary: Mapping[str, Any]) -> str:
     lines += [join(cells) for cells in body]
     lines.append(
         "hit10m: token-weighted hit ratio, last 10 min; sess5m: mean sessions in system, "
-        "last 5 min; degraded: persistently degraded"
+        "last 5 min; degraded: persistently degraded (final: only its final 5-min window is); "
+        f"ends: hit10m < {DEGRADED_HIT_RATIO:g}; degwin: share of the 5-min windows after the trigger that are degraded"
     )
     for comparison in pairs.get("comparisons", []):
         lines.append(_fmt_comparison(comparison, str(pairs.get("baseline_arm"))))

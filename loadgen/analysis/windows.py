@@ -109,6 +109,31 @@ def window_hit_ratios(turns: pa.Table, starts_s: np.ndarray, width_s: float, run
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(prompt_tokens > 0, cached_tokens / prompt_tokens, np.nan)
 
+def degraded_windows(
+    turns: pa.Table,
+    reference_trigger_end_s: Optional[float],
+    duration_s: float,
+    threshold: float = DEGRADED_HIT_RATIO,
+    window_s: float = DEGRADED_WINDOW_S,
+) -> np.ndarray:
+    """Whether each full window after the trigger is degraded (bool array, possibly empty).
+
+    Windows are [te + window_s*k, te + window_s*(k+1)) for those ending by duration_s, with te
+    = reference_trigger_end_s (0 when the experiment has no trigger). A window is degraded when
+    its hit ratio is below threshold or it has no finished turns.
+    """
+    trigger_end_s = 0.0 if reference_trigger_end_s is None else float(reference_trigger_end_s)
+    if duration_s <= trigger_end_s:
+        return np.zeros(0, dtype=bool)
+    num_full_windows = int(math.floor((duration_s - trigger_end_s) / window_s + EPS_S))
+    if num_full_windows == 0:
+        return np.zeros(0, dtype=bool)
+    series = window_series(
+        turns, trigger_end_s, trigger_end_s + num_full_windows * window_s, window_s
+    )
+    # NaN (an empty window) compares False to >= threshold, so it counts as degraded.
+    return ~(series.hit_ratio >= threshold)
+
 def persistently_degraded(
     turns: pa.Table,
     reference_trigger_end_s: Optional[float],
@@ -118,22 +143,19 @@ def persistently_degraded(
 ) -> bool:
     """Whether the run stays degraded from its first degraded window after the trigger to its end.
 
-    Windows are [te + window_s*k, te + window_s*(k+1)) for those ending by duration_s, with te
-    = reference_trigger_end_s (0 when the experiment has no trigger). A window is degraded when
-    its hit ratio is below threshold or it has no finished turns. No full window: False.
+    Windows as in ``degraded_windows``. No full window: False. A run degraded only in its final
+    window counts (``degraded_only_in_final_window`` tells those apart).
     """
-    trigger_end_s = 0.0 if reference_trigger_end_s is None else float(reference_trigger_end_s)
-    if duration_s <= trigger_end_s:
-        return False
-    num_full_windows = int(math.floor((duration_s - trigger_end_s) / window_s + EPS_S))
-    if num_full_windows == 0:
-        return False
-    series = window_series(
-        turns, trigger_end_s, trigger_end_s + num_full_windows * window_s, window_s
-    )
-    # NaN (an empty window) compares False to >= threshold, so it counts as degraded.
-    degraded = ~(series.hit_ratio >= threshold)
+    degraded = degraded_windows(turns, reference_trigger_end_s, duration_s, threshold, window_s)
     if not degraded.any():
         return False
     first_degraded = int(np.argmax(degraded))
     return bool(degraded[first_degraded:].all())
+
+def degraded_only_in_final_window(degraded: np.ndarray) -> bool:
+    """Of ``degraded_windows``: the final window is degraded and no other is."""
+    return bool(len(degraded) > 0 and degraded[-1] and not degraded[:-1].any())
+
+def ends_degraded(hit_ratio_last10min: float, threshold: float = DEGRADED_HIT_RATIO) -> bool:
+    """The run's last 10 minutes are degraded: hit ratio below threshold, or no finished turn."""
+    return not hit_ratio_last10min >= threshold
