@@ -178,12 +178,14 @@ def _cmd_cost_fit(args: argparse.Namespace) -> int:
 def _cmd_serve_sim(args: argparse.Namespace) -> int:
     import asyncio
 
-    from .live.serve_sim import SimServer, serve
+    from .live.serve_sim import SimServer, check_options, serve
     from .sim import EngineConfig, StepCostModel
     from .core.spec import SimEngineSpec
 
-    if args.pool_tokens % args.block_size:
-        raise SpecError(f"--pool-tokens ({args.pool_tokens}) must be a multiple of --block-size ({args.block_size})")
+    try:
+        check_options(args.port, args.pool_tokens, args.block_size, args.max_num_batched_tokens, args.max_model_len)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
     if args.time_scale <= 0:
         raise SpecError(f"--time-scale must be > 0, got {args.time_scale}")
     try:

@@ -36,6 +36,10 @@ class PromptMapper:
         self._block_owner: dict[int, tuple[int, int]] = {}  # chained hash -> (stream id, block index)
         self._stream_blocks: dict[int, int] = {}  # stream id -> blocks recorded
         self._busy: set[int] = set()
+        # streams whose last request was aborted: the engine may hold blocks past the recorded
+        # ones whose content only the aborted request had, so only a prompt of exactly the
+        # recorded blocks (the client's retry) may continue them
+        self._aborted: set[int] = set()
         self._ids = itertools.count()
 
     def chained_hashes(self, token_ids: list[int]) -> list[int]:
@@ -59,7 +63,8 @@ class PromptMapper:
             owner = self._block_owner.get(hashes[j])
             if owner is not None:
                 sid, index = owner
-                if index == j and self._stream_blocks.get(sid) == j + 1 and sid not in self._busy:
+                if (index == j and self._stream_blocks.get(sid) == j + 1 and sid not in self._busy
+                        and (sid not in self._aborted or j + 1 == len(hashes))):
                     stream = sid
                 break
         if stream is None:
@@ -78,6 +83,13 @@ class PromptMapper:
             self._block_owner[hashes[j]] = (stream, j)
         self._stream_blocks[stream] = max(start, len(hashes))
         self._busy.discard(stream)
+        self._aborted.discard(stream)
+
+    def aborted(self, stream: int, prompt_hashes: list[int]) -> None:
+        """The stream's request was aborted: it holds at least what its prompt held (the engine
+        keeps the hashes of the blocks it computed), maybe more; free again."""
+        self.record(stream, prompt_hashes)
+        self._aborted.add(stream)
 
 
 def text_to_ids(text: str, vocab: int = 30000) -> list[int]:
@@ -219,8 +231,13 @@ class SimServer:
             await resp.write_eof()
             return resp
         finally:
-            if not recorded:  # the client went away: the stream is free again, its content unchanged
-                self.mapper.release(stream_id)
+            if not recorded:
+                # the client went away (aiohttp cancels the handler): vLLM aborts the request,
+                # freeing its blocks and keeping their hashes, so a retry of the prompt hits them
+                if sim_req.finish_s is None:  # (``done`` is cancelled with the handler)
+                    engine.abort(sim_req, client.clock.now())
+                    client._rearm()
+                self.mapper.aborted(stream_id, self.mapper.chained_hashes(token_ids))
 
     def _chunk(self, request_id: str, ids: list[int], body: dict) -> dict:
         choice = {"index": 0, "text": " ".join(f"t{t}" for t in ids), "finish_reason": None}
@@ -259,10 +276,32 @@ def _error(status: int, message: str):
                              status=status)
 
 
+def check_options(port: int, pool_tokens: int, block_size: int, max_num_batched_tokens: int,
+                  max_model_len: int) -> None:
+    """serve-sim's command-line numbers, checked before anything starts: ValueError naming the flag
+    and what it needs."""
+    if not 1 <= port <= 65535:
+        raise ValueError(f"--port {port}: a TCP port is 1..65535")
+    for flag, value in (("--block-size", block_size), ("--max-num-batched-tokens", max_num_batched_tokens),
+                        ("--max-model-len", max_model_len), ("--pool-tokens", pool_tokens)):
+        if value < 1:
+            raise ValueError(f"{flag} {value}: must be >= 1")
+    if pool_tokens % block_size:
+        raise ValueError(f"--pool-tokens ({pool_tokens}) must be a multiple of --block-size ({block_size})")
+    if pool_tokens < max_model_len:
+        # vLLM refuses to start when its KV cache cannot hold one request of the longest length
+        raise ValueError(f"--pool-tokens {pool_tokens} cannot hold one request of --max-model-len {max_model_len} "
+                         f"tokens: give a pool of at least {max_model_len} tokens or a smaller --max-model-len")
+    if pool_tokens < 2 * block_size:
+        raise ValueError(f"--pool-tokens {pool_tokens}: the pool needs at least 2 blocks of {block_size} tokens "
+                         "(one is vLLM's null block)")
+
+
 async def serve(server: SimServer, host: str, port: int, ready: Optional[asyncio.Event] = None):
     from aiohttp import web
 
-    runner = web.AppRunner(server.app(), access_log=None)
+    # handler_cancellation: a client that hangs up cancels its handler, which aborts its request
+    runner = web.AppRunner(server.app(), access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
