@@ -10,7 +10,8 @@
   beside it, the run's sessions sharded over the sweep's fleets, its rows written by the
   sweep's recorder on this node.
 
-A failed run is marked failed in its run.json and the others go on. Running the same sweep again
+A failed run is marked failed in its run.json and the others go on; Ctrl-C marks every run that
+has not ended ``interrupted``. Running the same sweep again
 resumes it: a run whose run.json says completed, for the same spec, is skipped.
 """
 
@@ -33,7 +34,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from loadgen.core.clock import epoch_s
 from loadgen.live.http_client import EndpointOptions
 from loadgen.core.recording import write_json_atomic
-from loadgen.core.runner import RunKey, run_info, run_simulated, run_spec
+from loadgen.core.runner import RunKey, mark_interrupted, run_info, run_simulated, run_spec
 from loadgen.core.session import RetryPolicy
 from loadgen.sim.cost import PRESETS
 from loadgen.core.spec import ExperimentSpec, LaunchedEngineSpec, SimEngineSpec
@@ -80,11 +81,26 @@ def run_sweep(spec: ExperimentSpec, out_dir: Path, keys: list[RunKey], spec_dir:
     (out_dir / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     done = {key: info for key in keys if (info := completed_run(out_dir, spec, key)) is not None}
     todo = [key for key in keys if key not in done]
-    if isinstance(spec.engine, SimEngineSpec):
-        results = _simulate(spec, out_dir, todo, spec_dir, on_run_start, on_run_done)
-    else:
-        engine = _cost_file_resolved(spec.engine, spec_dir)
-        results = asyncio.run(_LiveSweep(spec, engine, out_dir, num_fleets, on_run_start, on_run_done).run(todo))
+    ended: set[RunKey] = set()
+
+    def run_done(key: RunKey, info: dict) -> None:
+        ended.add(key)
+        if on_run_done:
+            on_run_done(key, info)
+
+    try:
+        if isinstance(spec.engine, SimEngineSpec):
+            results = _simulate(spec, out_dir, todo, spec_dir, on_run_start, run_done)
+        else:
+            engine = _cost_file_resolved(spec.engine, spec_dir)
+            results = asyncio.run(_LiveSweep(spec, engine, out_dir, num_fleets, on_run_start, run_done).run(todo))
+    except KeyboardInterrupt:
+        # Ctrl-C: every run that has not ended says so (a live run under way keeps its rows, its
+        # sessions cancelled and its recorder closed on the way out); a re-run runs them again
+        for key in todo:
+            if key not in ended:
+                mark_interrupted(spec, key, out_dir)
+        raise
     results.update(done)
     return [results[key] for key in keys]
 

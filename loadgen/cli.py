@@ -394,7 +394,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted: completed runs are on disk; `loadgen report DIR` summarizes them", file=sys.stderr)
+        print("interrupted: runs that ended are on disk, the ones that had not are marked interrupted in their "
+              "run.json; the same command again runs those (a sweep skips completed runs); `loadgen report DIR` "
+              "summarizes what is there", file=sys.stderr)
         return 130
 
 

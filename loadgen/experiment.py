@@ -11,7 +11,7 @@ from typing import Callable, Optional
 
 import yaml
 
-from .core.runner import RunKey, run_simulated
+from .core.runner import RunKey, mark_interrupted, run_simulated
 from .core.spec import ExperimentSpec
 from .live.runner import run_live
 
@@ -34,6 +34,9 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path, keys: list[RunKey], spec
                 info = run_live(spec, key, out_dir)
             else:
                 info = run_simulated(spec, key, out_dir, spec_dir)
+        except KeyboardInterrupt:  # Ctrl-C: the run under way says so in its run.json
+            mark_interrupted(spec, key, out_dir)
+            raise
         except Exception as exc:  # recorded in run.json; the experiment goes on
             info = {"run_id": key.run_id, "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
         results.append(info)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from dataclasses import dataclass
@@ -68,7 +69,10 @@ def run_simulated(spec: ExperimentSpec, key: RunKey, out_dir: Path, spec_dir: Op
         recorder.close()
     except BaseException as exc:
         recorder.flush()
-        info.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C is not the run's failure: running again redoes it
+            info.update(status="interrupted", error=INTERRUPTED)
+        else:
+            info.update(status="failed", error=f"{type(exc).__name__}: {exc}")
         write_json_atomic(run_dir / "run.json", info)
         raise
     info.update(status="completed", counts=counts)
@@ -102,6 +106,34 @@ def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir:
         "turns_completed": recorder.turns_completed,
         "engine_steps": engine.engine.num_steps, "engine_preemptions": engine.engine.num_preemptions,
         "flush_times_s": engine.engine.flush_times_s}
+
+
+INTERRUPTED = "interrupted (Ctrl-C) before the run ended; running the same command again runs it again"
+_UNDER_WAY = ("starting", "running", "interrupted")
+
+
+def mark_interrupted(spec: ExperimentSpec, key: RunKey, out_dir: Path) -> dict:
+    """Record that Ctrl-C stopped the run ``key`` before it ended: its run.json says ``interrupted``.
+
+    A run under way keeps its header and the rows it wrote; a run that had not begun (or whose
+    directory holds an earlier attempt) gets a fresh directory with the header alone; a run that
+    completed with this spec is left as it is. Returns the run.json."""
+    run_dir = Path(out_dir) / "runs" / key.run_id
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        info = None
+    same_spec = isinstance(info, dict) and info.get("spec") == run_spec(spec, key)
+    if same_spec and info.get("status") == "completed":
+        return info
+    if not same_spec or info.get("status") not in _UNDER_WAY:
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+        info = run_info(spec, key, spec.engine.kind, getattr(spec.engine, "pool_tokens", None))
+    info.update(status="interrupted", error=INTERRUPTED)
+    write_json_atomic(run_dir / "run.json", info)
+    return info
 
 
 def run_spec(spec: ExperimentSpec, key: RunKey) -> dict:
