@@ -21,7 +21,7 @@ from controllers import make_policy
 from loadgen.core.clock import WallClock
 from loadgen.core.gateway import Gateway
 from loadgen.live.http_client import EndpointOptions, OpenAIEngineClient, PreflightError
-from loadgen.live.runner import max_context_tokens
+from loadgen.live.runner import flush_before_run as live_flush_before_run, max_context_tokens
 from loadgen.core.runner import sample_row
 from loadgen.core.session import RunEnv, SessionCounts
 from loadgen.core.spec import ExperimentSpec, FlushTrigger
@@ -97,12 +97,8 @@ class ControllerActor:
         self.client = OpenAIEngineClient(WallClock(), self.endpoint)
         result = await self.client.preflight(max_context_tokens(self.spec), pool_tokens)
         if flush_before_run:
-            try:
-                await self.client.flush_async()
-                result["flushed_before_run"] = True
-            except PreflightError as exc:
-                result["flushed_before_run"] = f"no: {exc}"
-            self.client.flush_times_s.clear()
+            await live_flush_before_run(self.client)  # a failed reset fails the run, naming the flag
+        result["flushed_before_run"] = flush_before_run
         return result
 
     async def begin(self, origin_epoch_s: float) -> None:

@@ -110,7 +110,9 @@ class OpenAIEngineSpec(_Model):
     engine_gone_after_s: float = Field(
         60.0, gt=0, description="End the run (status engine_lost) when every request failed for this long.")
     max_connections: int = Field(4096, gt=0, description="Connection pool size.")
-    flush_before_run: bool = Field(True, description="Reset the prefix cache before each run (a fresh engine).")
+    flush_before_run: bool = Field(True, description=(
+        "Reset the prefix cache before each run (a fresh engine); a failed reset stops the run "
+        "(vLLM needs VLLM_SERVER_DEV_MODE=1). false: run on whatever the server has cached."))
 
 
 class LaunchedEngineSpec(_Model):

@@ -36,6 +36,21 @@ def max_context_tokens(spec: ExperimentSpec) -> int:
     return max(s.max_context_tokens() for s in shapes)
 
 
+async def flush_before_run(client: OpenAIEngineClient) -> None:
+    """Reset the server's prefix cache before a run, or stop the run with what to change.
+
+    A server that keeps earlier runs' blocks gives this run hits a fresh engine would not (its
+    shared system prompt above all), so a failed reset is an error, not a note."""
+    try:
+        await client.flush_async()
+    except PreflightError as exc:
+        raise PreflightError(
+            f"the prefix-cache reset every run starts with failed ({exc}); start vLLM with "
+            "VLLM_SERVER_DEV_MODE=1 in its environment (SGLang serves /flush_cache), or set "
+            "engine.flush_before_run: false to run on whatever the server has cached") from None
+    client.flush_times_s.clear()
+
+
 def run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optional[Transport] = None) -> dict:
     """One run (arm x seed) against ``spec.engine`` (an OpenAIEngineSpec); returns its run.json."""
     return _event_loop_runner()(_run_live(spec, key, Path(out_dir), transport))
@@ -66,12 +81,8 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
         info["preflight"] = await client.preflight(max_context_tokens(spec), engine_spec.pool_tokens)
         info["pool_tokens"] = client.pool_tokens
         if engine_spec.flush_before_run:
-            try:
-                await client.flush_async()
-                info["flushed_before_run"] = True
-            except PreflightError as exc:
-                info["flushed_before_run"] = f"no: {exc}"
-            client.flush_times_s.clear()
+            await flush_before_run(client)
+        info["flushed_before_run"] = engine_spec.flush_before_run
     except PreflightError as exc:
         info.update(status="failed", error=f"preflight: {exc}")
         write_json_atomic(run_dir / "run.json", info)
