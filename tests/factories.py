@@ -79,6 +79,7 @@ DOC_SESSIONS_SCHEMA = pa.schema(
         ("turns_completed", pa.int32()),
         ("num_parks", pa.int32()),
         ("status", pa.string()),
+        ("error", pa.string()),
     ]
 )
 

@@ -120,8 +120,16 @@ class Gateway:
         self._readmit()
 
     def session_ended(self, session: Any) -> None:
+        """The session left: normally after its last turn (admitted); a session that crashed
+        may also be waiting in a queue, and gives up its place there."""
         if session in self.active:
             self._deactivate(session)
+        else:
+            for queue in (self.parked, self.waiting_new):
+                for entry in queue:
+                    if entry[0] == session:
+                        queue.remove(entry)
+                        break
         if not self._uncontrolled:
             self._readmit()
 

@@ -47,7 +47,7 @@ SESSION_SCHEMA = pa.schema([
     ("session_id", pa.int64()), ("is_trigger_session", pa.bool_()), ("session_kind", pa.string()),
     ("num_turns", pa.int32()), ("arrival_s", pa.float64()), ("first_admit_s", pa.float64()),
     ("finish_s", pa.float64()), ("turns_completed", pa.int32()), ("num_parks", pa.int32()),
-    ("status", pa.string()),
+    ("status", pa.string()), ("error", pa.string()),
 ])
 
 TABLES = {"turns": TURN_SCHEMA, "samples": SAMPLE_SCHEMA, "sessions": SESSION_SCHEMA}
@@ -124,10 +124,20 @@ class RunRecorder:
         status = "completed" if session.turns_completed == session.num_turns else "failed"
         self._session_row(session_id, session, end_s, status)
 
-    def _session_row(self, session_id: int, session: "_OpenSession", finish_s: float, status: str) -> None:
+    def session_crashed(self, session_id: int, is_trigger: bool, kind: str, num_turns: int, arrival_s: float,
+                        end_s: float, error: str) -> None:
+        """The session's task raised (loadgen.core.session.session_crashed): status ``error``, with
+        the exception text; a session that crashed before it arrived gets its row all the same."""
+        session = self._open_sessions.pop(session_id, None)
+        if session is None:
+            session = _OpenSession(is_trigger, kind, num_turns, arrival_s)
+        self._session_row(session_id, session, end_s, "error", error)
+
+    def _session_row(self, session_id: int, session: "_OpenSession", finish_s: float, status: str,
+                     error: Optional[str] = None) -> None:
         values = (self.run_id, self.arm, self.seed, session_id, session.is_trigger, session.kind,
                   session.num_turns, session.arrival_s, session.first_admit_s, finish_s,
-                  session.turns_completed, session.num_parks, status)
+                  session.turns_completed, session.num_parks, status, error)
         for col, value in zip(self._sessions.cols, values):
             col.append(value)
 

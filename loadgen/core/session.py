@@ -30,6 +30,7 @@ class SessionCounts:
     arrived_total: int = 0
     completed_total: int = 0
     demand_tokens: int = 0  # D over every session in the system
+    crashed_total: int = 0  # sessions whose task raised (run_session_recording_crashes)
 
 
 class TokenContext:
@@ -91,7 +92,57 @@ class RunEnv:
     retry: RetryPolicy = NO_RETRY
 
 
+class _Progress:
+    """Where a session is, for undoing its counts when it crashes."""
+
+    __slots__ = ("demand_tokens", "counted_as")
+
+    def __init__(self) -> None:
+        self.demand_tokens: Optional[int] = None  # its share of counts.demand_tokens once it arrived
+        self.counted_as: Optional[str] = None  # the SessionCounts state it is counted in while it awaits
+
+
 async def run_session(plan: SessionPlan, env: RunEnv) -> None:
+    """One session from arrival to its last turn. If it raises, it first leaves the counts as if
+    it had ended (so samples stay true), then the exception propagates: a simulated run stops
+    (a bug), a live run records it (``run_session_recording_crashes``)."""
+    progress = _Progress()
+    try:
+        await _run_session(plan, env, progress)
+    except Exception:
+        counts = env.counts
+        if progress.demand_tokens is not None:
+            counts.in_system -= 1
+            counts.demand_tokens -= progress.demand_tokens
+        if progress.counted_as is not None:
+            setattr(counts, progress.counted_as, getattr(counts, progress.counted_as) - 1)
+        raise
+
+
+async def run_session_recording_crashes(plan: SessionPlan, env: RunEnv) -> None:
+    """``run_session`` for live runs and session fleets: a session that raises is a recorded
+    crash, not a lost task (``session_crashed``); the run goes on."""
+    try:
+        await run_session(plan, env)
+    except Exception as exc:
+        session_crashed(plan, env, exc)
+
+
+def session_crashed(plan: SessionPlan, env: RunEnv, exc: BaseException) -> None:
+    """A session's task raised ``exc``: release its place at the gateway (admission, or its
+    place in a queue) so others are not held back by a session that is gone, write its
+    sessions.parquet row (status ``error``, the exception text) and count it
+    (``counts.crashed_total``, run.json ``counts.sessions_crashed``)."""
+    sid = plan.session_id
+    try:
+        env.gateway.session_ended(sid)
+    finally:
+        env.recorder.session_crashed(sid, plan.is_trigger, plan.shape.kind, plan.shape.num_turns, plan.arrival_s,
+                                     env.clock.now(), f"{type(exc).__name__}: {exc}")
+        env.counts.crashed_total += 1
+
+
+async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> None:
     clock, engine, gateway, recorder, counts = env.clock, env.engine, env.gateway, env.recorder, env.counts
     shape = plan.shape
     sid = plan.session_id
@@ -109,6 +160,7 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
     counts.arrived_total += 1
     counts.in_system += 1
     counts.demand_tokens += demand
+    progress.demand_tokens = demand
     ready = clock.now()
     recorder.session_arrived(sid, plan.is_trigger, shape.kind, num_turns, ready)
     wait = gateway.arrive(sid, demand)
@@ -116,8 +168,10 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
         wait = await wait
     if wait is not None:
         counts.gateway_waiting += 1
+        progress.counted_as = "gateway_waiting"
         await wait
         counts.gateway_waiting -= 1
+        progress.counted_as = None
     recorder.session_admitted(sid, clock.now())
     for k in range(num_turns):
         if k:
@@ -128,8 +182,10 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
             if wait is not None:
                 recorder.session_parked(sid)
                 counts.parked += 1
+                progress.counted_as = "parked"
                 await wait
                 counts.parked -= 1
+                progress.counted_as = None
         admit = clock.now()
         output = shape.output_tokens[k]
         request = TurnRequest(sid, k, context, output, shape.shared_prefix_tokens, shape.prefix_key,
@@ -138,8 +194,10 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
         while True:
             attempt += 1
             counts.in_engine += 1
+            progress.counted_as = "in_engine"
             result = await engine.generate(request)
             counts.in_engine -= 1
+            progress.counted_as = None
             gaps = result.inter_token_gaps_s
             # streamed gaps (live) or the simulated engine's own per-token times
             itl_mean_s = sum(gaps) / len(gaps) if gaps else result.itl_mean_s
@@ -162,14 +220,17 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
         context += output + growth
         new_demand = context + shape.output_tokens[k + 1]
         counts.demand_tokens += new_demand - demand
-        demand = new_demand
+        demand = progress.demand_tokens = new_demand
         think = shape.think_s[k]
         if think > 0:
             counts.thinking += 1
+            progress.counted_as = "thinking"
             await clock.sleep(think)
             counts.thinking -= 1
+            progress.counted_as = None
     gateway.session_ended(sid)
     recorder.session_ended(sid, clock.now())
     counts.in_system -= 1
     counts.demand_tokens -= demand
+    progress.demand_tokens = None
     counts.completed_total += 1

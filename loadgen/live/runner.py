@@ -20,7 +20,7 @@ from ..core.gateway import Gateway
 from .http_client import EndpointOptions, OpenAIEngineClient, PreflightError, Transport, api_key_from_env
 from ..core.recording import RunRecorder, write_json_atomic
 from ..core.runner import run_info, sample_row
-from ..core.session import RetryPolicy, RunEnv, run_session
+from ..core.session import RetryPolicy, RunEnv, run_session_recording_crashes
 from ..core.spec import ExperimentSpec, FlushTrigger, OpenAIEngineSpec
 from ..core.workload import plan_sessions
 
@@ -76,17 +76,21 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
     info = run_info(spec, key, "openai", engine_spec.pool_tokens, endpoint=engine_spec.url,
                     time_scale=spec.time_scale)
     write_json_atomic(run_dir / "run.json", info)
-    client = OpenAIEngineClient(WallClock(spec.time_scale), endpoint_options(engine_spec), transport)
-    try:
+    client = None
+    try:  # everything before the first turn: a failure here ends the run "failed", never "running"
+        client = OpenAIEngineClient(WallClock(spec.time_scale), endpoint_options(engine_spec), transport)
+        plans = plan_sessions(spec, arm, key.seed)  # a trace that cannot be read fails before any load
         info["preflight"] = await client.preflight(max_context_tokens(spec), engine_spec.pool_tokens)
         info["pool_tokens"] = client.pool_tokens
         if engine_spec.flush_before_run:
             await flush_before_run(client)
         info["flushed_before_run"] = engine_spec.flush_before_run
-    except PreflightError as exc:
-        info.update(status="failed", error=f"preflight: {exc}")
+    except Exception as exc:
+        info.update(status="failed", error=f"preflight: {exc}" if isinstance(exc, PreflightError)
+                    else f"setup: {type(exc).__name__}: {exc}")
         write_json_atomic(run_dir / "run.json", info)
-        await client.close()
+        if client is not None:
+            await client.close()
         raise
 
     clock = WallClock(spec.time_scale)  # run time 0 is now, after the preflight
@@ -102,7 +106,7 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
     flush_errors: list[str] = []
 
     def start(plan) -> None:
-        task = clock.spawn(run_session(plan, env))
+        task = clock.spawn(run_session_recording_crashes(plan, env))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
@@ -112,7 +116,7 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
         except PreflightError as exc:
             flush_errors.append(str(exc))
 
-    for plan in plan_sessions(spec, arm, key.seed):
+    for plan in plans:
         clock.call_at(plan.arrival_s, start, plan)
     for trig in arm.triggers:
         if isinstance(trig, FlushTrigger):
@@ -147,9 +151,13 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
         recorder.close()
         await client.close()
     c = env.counts
-    info.update(status="engine_lost" if stop.is_set() else "completed",
-                error=info.get("status_reason") if stop.is_set() else None,
+    status, error = ("engine_lost", info.get("status_reason")) if stop.is_set() else ("completed", None)
+    if c.crashed_total and not stop.is_set():
+        status = "completed_with_errors"
+        error = f"{c.crashed_total} session(s) crashed (sessions.parquet status 'error' has the exception)"
+    info.update(status=status, error=error,
                 counts={"sessions_arrived": c.arrived_total, "sessions_completed": c.completed_total,
+                        "sessions_crashed": c.crashed_total,
                         "turns_completed": recorder.turns_completed, "flush_times_s": client.flush_times_s,
                         "flush_errors": flush_errors})
     write_json_atomic(run_dir / "run.json", info)
