@@ -18,7 +18,6 @@ resumes it: a run whose run.json says completed, for the same spec, is skipped.
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import tempfile
 from contextlib import asynccontextmanager
@@ -34,7 +33,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from loadgen.core.clock import epoch_s
 from loadgen.live.http_client import EndpointOptions
 from loadgen.core.recording import write_json_atomic
-from loadgen.core.runner import RunKey, mark_interrupted, run_info, run_simulated, run_spec
+from loadgen.core.runner import RunKey, completed_run, mark_interrupted, run_info, run_simulated, run_spec
 from loadgen.core.session import RetryPolicy
 from loadgen.sim.cost import PRESETS
 from loadgen.core.spec import ExperimentSpec, LaunchedEngineSpec, SimEngineSpec
@@ -119,17 +118,6 @@ def check_sweepable(spec: ExperimentSpec) -> None:
     if not isinstance(spec.engine, (SimEngineSpec, LaunchedEngineSpec)):
         raise SweepError(f"engine kind {spec.engine.kind!r}: a sweep launches its own engines (vllm, sglang, "
                          "serve_sim) or simulates (sim); run against a shared endpoint with `loadgen run --endpoint`")
-
-
-def completed_run(out_dir: Path, spec: ExperimentSpec, key: RunKey) -> Optional[dict]:
-    """run.json of a run already completed with this spec (a changed spec runs again), else None."""
-    try:
-        info = json.loads((out_dir / "runs" / key.run_id / "run.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if info.get("status") == "completed" and info.get("spec") == run_spec(spec, key):
-        return info
-    return None
 
 
 # ---------------------------------------------------------------- simulated engine: Ray tasks

@@ -18,9 +18,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from .core.runner import completed_run
     from .experiment import run_experiment
+    from .live.progress import describe_duration, describe_estimate, wall_time_left_s
 
     console = Console(stderr=True)
+    _resume_args(args)
     spec = load_spec(args.spec)
     if args.endpoint:
         from .core.spec import OpenAIEngineSpec
@@ -40,14 +43,36 @@ def _cmd_run(args: argparse.Namespace) -> int:
         spec = spec.model_copy(update={"time_scale": args.time_scale})
     keys = _selected_runs(spec, args)
     out = Path(args.out)
+    live = spec.engine.kind == "openai"
+    num_to_run = len(keys)
+    if args.resume is not None:
+        num_to_run = sum(completed_run(out, spec, key) is None for key in keys)
+        console.print(f"--resume: {len(keys) - num_to_run} of {len(keys)} runs already completed with this spec "
+                      f"in {out} (skipped), {num_to_run} to run")
+    if live and num_to_run:  # wall-clock runs: say up front what the whole spec will take
+        console.print(f"estimate: {describe_estimate(num_to_run, spec.duration_s, spec.time_scale)}")
     failed = []
+    runs_left = [num_to_run]
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console,
                   transient=False, disable=args.quiet) as progress:
         task = progress.add_task(spec.experiment, total=len(keys), last="")
+        run_task = progress.add_task("", total=spec.duration_s, last="", visible=False) if live else None
 
         def started(key) -> None:
+            runs_left[0] -= 1
             progress.update(task, last=f"running {key.run_id}")
+            if run_task is not None:
+                progress.reset(run_task, total=spec.duration_s, description=key.run_id, visible=True,
+                               last="waiting for the first sample")
+
+        def progressed(key, snapshot) -> None:
+            left_s = wall_time_left_s(runs_left[0], snapshot, spec.duration_s, spec.time_scale)
+            progress.update(run_task, completed=min(snapshot.t_s, spec.duration_s),
+                            last=f"{snapshot.describe()}; about {describe_duration(left_s)} left for the spec")
+
+        def skipped(key, info) -> None:
+            progress.update(task, advance=1, last=f"{key.run_id}: already completed (skipped)")
 
         def done(key, info, wall_s) -> None:
             status = info.get("status")
@@ -58,12 +83,33 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                                   f"{wall_s:.2f} s")
 
         run_experiment(spec, out, keys, spec_dir=Path(args.spec).resolve().parent,
-                       on_run_start=started, on_run_done=done, wall_time=time.perf_counter)
+                       on_run_start=started, on_run_done=done, wall_time=time.perf_counter,
+                       resume=args.resume is not None, on_run_skipped=skipped,
+                       on_progress=progressed if live else None)
     for run_id, error in failed:
         console.print(f"[red]run {run_id} failed:[/red] {error}")
     if not args.no_report:
         _report(out, console, figures=not args.no_figures)
     return 1 if failed else 0
+
+
+def _resume_args(args: argparse.Namespace) -> None:
+    """``loadgen run --resume DIR`` resumes DIR with the spec it recorded (DIR/spec.yaml) unless a
+    SPEC is given; ``loadgen run SPEC --out DIR --resume`` resumes DIR with SPEC."""
+    if args.resume:  # a directory
+        if args.out and Path(args.out) != Path(args.resume):
+            raise SpecError(f"--resume {args.resume} and --out {args.out} name two results directories; give one")
+        args.out = args.resume
+        if args.spec is None:
+            recorded = Path(args.resume) / "spec.yaml"
+            if not recorded.is_file():
+                raise SpecError(f"--resume {args.resume}: no spec.yaml there (not a results directory of "
+                                "`loadgen run`); give the SPEC too")
+            args.spec = str(recorded)
+    if args.spec is None:
+        raise SpecError("loadgen run needs a SPEC (or --resume DIR)")
+    if args.out is None:
+        raise SpecError("loadgen run needs --out DIR (or --resume DIR)")
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -139,6 +185,15 @@ def _report(out: Path, console, figures: bool = True) -> None:
     recovery = format_recovery_table(summary)  # only when some arm has a controller or a control start
     if recovery:
         print("\n" + recovery, flush=True)
+    from .analysis.latency import format_latency_table
+    from .analysis.windows_table import write_missing_windows
+
+    latency = format_latency_table(summary)
+    if latency:
+        print("\n" + latency, flush=True)
+    written = write_missing_windows(out, summary)
+    if written:
+        console.print(f"windows.parquet written for {len(written)} runs that lacked it")
     console.print(f"summary: {out / 'summary.json'}")
     if figures:
         from .analysis.figures import write_figures
@@ -157,8 +212,26 @@ def _cmd_report(args: argparse.Namespace) -> int:
         out = check_results_dir(args.dir)
     except ResultsError as exc:
         raise SpecError(str(exc)) from None
+    arms = _compare_arms_arg(args.compare_arms) if args.compare_arms is not None else None
     _report(out, Console(stderr=True), figures=not args.no_figures)
+    if arms is not None:
+        import json
+
+        from .analysis.uncertainty import compare_arms, format_arm_comparison
+
+        try:
+            comparison = compare_arms(json.loads((out / "summary.json").read_text()), *arms)
+        except ValueError as exc:
+            raise SpecError(f"--compare-arms: {exc}") from None
+        print("\n" + format_arm_comparison(comparison), flush=True)
     return 0
+
+
+def _compare_arms_arg(value: str) -> tuple[str, str]:
+    arms = [a.strip() for a in value.split(",")]
+    if len(arms) != 2 or not all(arms) or arms[0] == arms[1]:
+        raise SpecError(f"--compare-arms: expected two different arm names as A,B, got {value!r}")
+    return arms[0], arms[1]
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -299,8 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run every run of a spec (arms x seeds) and report")
-    run.add_argument("spec", help="experiment spec (YAML)")
-    run.add_argument("--out", required=True, help="results directory")
+    run.add_argument("spec", nargs="?", help="experiment spec (YAML); with --resume DIR, default DIR/spec.yaml")
+    run.add_argument("--out", help="results directory (required unless --resume DIR)")
+    run.add_argument("--resume", nargs="?", const="", metavar="DIR",
+                     help="skip the runs already completed with the same spec (in DIR, else --out)")
     run.add_argument("--seeds", help="only these seeds, e.g. 501-503 or 1,4")
     run.add_argument("--arms", help="only these arms, comma-separated")
     run.add_argument("--no-report", action="store_true", help="skip summary, table and figures")
@@ -340,6 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="rebuild summary.json, print the paired table, write figures")
     report.add_argument("dir", help="results directory written by `loadgen run`")
     report.add_argument("--no-figures", action="store_true")
+    report.add_argument("--compare-arms", metavar="A,B",
+                        help="paired by seed, B - A for each metric: median, bootstrap 95%% interval, sign test")
     report.set_defaults(func=_cmd_report)
 
     cal = sub.add_parser("calibrate", help="fit the simulator's step-cost model to a real engine")

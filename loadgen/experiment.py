@@ -11,29 +11,46 @@ from typing import Callable, Optional
 
 import yaml
 
-from .core.runner import RunKey, mark_interrupted, run_simulated
+from .analysis.windows_table import write_windows
+from .core.runner import RunKey, completed_run, mark_interrupted, run_simulated
 from .core.spec import ExperimentSpec
+from .live.progress import LiveSnapshot
 from .live.runner import run_live
 
 
 def run_experiment(spec: ExperimentSpec, out_dir: Path, keys: list[RunKey], spec_dir: Optional[Path] = None,
                    on_run_done: Optional[Callable[[RunKey, dict, float], None]] = None,
                    on_run_start: Optional[Callable[[RunKey], None]] = None,
-                   wall_time: Optional[Callable[[], float]] = None) -> list[dict]:
-    """Run ``keys`` one after another; a failed run is recorded and the others go on."""
+                   wall_time: Optional[Callable[[], float]] = None, resume: bool = False,
+                   on_run_skipped: Optional[Callable[[RunKey, dict], None]] = None,
+                   on_progress: Optional[Callable[[RunKey, LiveSnapshot], None]] = None) -> list[dict]:
+    """Run ``keys`` one after another; a failed run is recorded and the others go on.
+
+    With ``resume``, runs whose run.json says completed for this same spec are skipped
+    (reported to ``on_run_skipped``). A completed run also gets its windows.parquet
+    (loadgen/analysis/windows_table.py).
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     results = []
     for key in keys:
+        if resume and (done := completed_run(out_dir, spec, key)) is not None:
+            results.append(done)
+            if on_run_skipped:
+                on_run_skipped(key, done)
+            continue
         if on_run_start:
             on_run_start(key)
         t0 = wall_time() if wall_time else 0.0
         try:
             if spec.engine.kind == "openai":
-                info = run_live(spec, key, out_dir)
+                info = run_live(spec, key, out_dir, on_progress=(
+                    (lambda snapshot, key=key: on_progress(key, snapshot)) if on_progress else None))
             else:
                 info = run_simulated(spec, key, out_dir, spec_dir)
+            if info.get("status") == "completed":
+                write_windows(out_dir / "runs" / key.run_id)
         except KeyboardInterrupt:  # Ctrl-C: the run under way says so in its run.json
             mark_interrupted(spec, key, out_dir)
             raise

@@ -319,8 +319,9 @@ def test_missing_turns_parquet_is_a_clear_error(tmp_path: Path) -> None:
     (run_dir / "turns.parquet").unlink()
     with pytest.raises(ValueError, match="turns.parquet"):
         load_run(run_dir)
-    with pytest.raises(ValueError, match="turns.parquet"):
-        summarize(tmp_path)
+    # the summary goes on without it and says which run and file it could not read
+    (unreadable,) = summarize(tmp_path)["unreadable_runs"]
+    assert unreadable["run_id"] == "a-s1" and "turns.parquet: missing turns.parquet" in unreadable["error"]
 
 
 def test_malformed_files_are_clear_errors(tmp_path: Path) -> None:

@@ -60,7 +60,8 @@ def test_unknown_seed_and_missing_results_are_clear_errors(tmp_path):
 
 def test_validate_and_cost_fit():
     proc = _loadgen("validate", "examples/paired-burst.yaml")
-    assert proc.returncode == 0 and "24" not in proc.stderr and "2 arms x 12 seeds" in proc.stdout
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout == "examples/paired-burst.yaml: ok: experiment 'paired-burst', 2 arms x 12 seeds, 90 min per run\n"
     proc = _loadgen("cost-fit")
     assert proc.returncode == 0 and "t0=" in proc.stdout and "cold prefill 20K" in proc.stdout
 
@@ -80,3 +81,74 @@ def test_report_prints_the_recovery_table_only_with_control(tmp_path):
     plain.write_text(yaml.safe_dump(make_spec_dict()))
     proc = _loadgen("run", str(plain), "--out", str(tmp_path / "plain"), "--seeds", "1", "--quiet", "--no-figures")
     assert proc.returncode == 0 and "Recovery" not in proc.stdout
+
+
+def _run_ids(out):
+    return sorted(p.name for p in (out / "runs").iterdir())
+
+
+def test_run_refuses_a_directory_of_another_spec_unless_forced(tmp_path):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump(make_spec_dict()))
+    out = tmp_path / "res"
+    assert _loadgen("run", str(spec), "--out", str(out), "--seeds", "1", "--quiet", "--no-figures").returncode == 0
+    # more seeds and one arm of the same spec go into the same directory
+    proc = _loadgen("run", str(spec), "--out", str(out), "--seeds", "2", "--arms", "base", "--quiet", "--no-figures")
+    assert proc.returncode == 0, proc.stderr
+    assert _run_ids(out) == ["base-s1", "base-s2", "burst-s1"]
+
+    data = make_spec_dict()
+    data["workload"]["arrival_rate_per_s"] = 0.05
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump(data))
+    before = (out / "runs" / "base-s1" / "turns.parquet").read_bytes()
+    proc = _loadgen("run", str(changed), "--out", str(out), "--seeds", "1", "--quiet", "--no-figures")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "workload.arrival_rate_per_s (0.03 vs 0.05)" in proc.stderr and "--force-new-spec" in proc.stderr
+    assert (out / "runs" / "base-s1" / "turns.parquet").read_bytes() == before  # refused: nothing touched
+
+    proc = _loadgen("run", str(changed), "--out", str(out), "--seeds", "1", "--quiet", "--no-figures",
+                    "--force-new-spec")
+    assert proc.returncode == 0, proc.stderr
+    assert f"moved the runs of the previous spec to {out / 'previous-1'}/" in proc.stderr
+    assert _run_ids(out) == ["base-s1", "burst-s1"] and _run_ids(out / "previous-1") == ["base-s1", "base-s2", "burst-s1"]
+    assert (out / "runs" / "base-s1" / "turns.parquet").read_bytes() != before
+    summary = json.loads((out / "summary.json").read_text())
+    assert {r["run_id"] for r in summary["runs"]} == {"base-s1", "burst-s1"}
+    # the old runs are still a results directory of their own
+    assert _loadgen("report", str(out / "previous-1"), "--no-figures").returncode == 0
+
+
+def test_report_refuses_to_pair_runs_of_different_specs(tmp_path):
+    for name, rate in (("a", 0.03), ("b", 0.05)):
+        data = make_spec_dict()
+        data["workload"]["arrival_rate_per_s"] = rate
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(data))
+        proc = _loadgen("run", str(tmp_path / f"{name}.yaml"), "--out", str(tmp_path / name), "--seeds", "1",
+                        "--arms", "base" if name == "a" else "burst", "--quiet", "--no-report")
+        assert proc.returncode == 0, proc.stderr
+    # a run copied by hand from another experiment's directory
+    (tmp_path / "b" / "runs" / "burst-s1").rename(tmp_path / "a" / "runs" / "burst-s1")
+    proc = _loadgen("report", str(tmp_path / "a"), "--no-figures")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "runs of different specs cannot share one paired table: base-s1 and burst-s1 differ in " \
+           "workload.arrival_rate_per_s (0.03 vs 0.05)" in proc.stderr
+    assert "Paired outcomes" not in proc.stdout and not (tmp_path / "a" / "summary.json").exists()
+
+
+def test_report_lists_a_run_with_a_corrupt_parquet_file_and_goes_on(tmp_path):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump(make_spec_dict()))
+    out = tmp_path / "res"
+    assert _loadgen("run", str(spec), "--out", str(out), "--quiet", "--no-report").returncode == 0
+    (out / "runs" / "burst-s2" / "samples.parquet").write_bytes(b"PAR1 truncated by a full disk")
+    proc = _loadgen("report", str(out), "--no-figures")
+    # exit code 1, as for a failed run: the table is there, but without every run
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "unreadable runs (not counted): burst-s2" in proc.stdout
+    assert "unreadable run burst-s2" in proc.stderr and "samples.parquet" in proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted(r["run_id"] for r in summary["runs"]) == ["base-s1", "base-s2", "burst-s1"]
+    (entry,) = summary["unreadable_runs"]
+    assert entry["run_id"] == "burst-s2" and "runs/burst-s2/samples.parquet: malformed samples.parquet" in entry["error"]
+    assert summary["pairs"]["comparisons"][0]["n_pairs"] == 1

@@ -40,5 +40,60 @@ def test_disagreeing_end_states_are_counted(tmp_path):
 def test_no_common_runs_is_an_error(tmp_path):
     write_run_dir(tmp_path / "a", "x-s1", "x", 1, [], [], [], 600, None)
     write_run_dir(tmp_path / "b", "y-s1", "y", 1, [], [], [], 600, None)
-    with pytest.raises(ValueError, match="no run ids in common"):
+    with pytest.raises(ValueError, match="no completed run ids in common"):
         compare_runs(tmp_path / "a", tmp_path / "b")
+
+
+def _spec(rate=0.03, engine=None, start_s=300):
+    return {"workload": {"arrival_rate_per_s": rate}, "seeds": [1], "engine": engine or {"kind": "sim"},
+            "controller": {"name": "none"},
+            "arms": [{"name": "burst", "triggers": [{"kind": "burst", "start_s": start_s}], "controller": None}]}
+
+
+def _one_run(root, spec, status="completed", run_id="burst-s1"):
+    write_run_dir(root, run_id, "burst", 1, steady_turns(0, 1800, 5, 0.9), [], [], 1800, 600, spec=spec,
+                  status=status)
+    return root
+
+
+def test_compare_leaves_out_runs_that_did_not_complete_and_says_so(tmp_path):
+    real, sim = tmp_path / "real", tmp_path / "sim"
+    real_spec = _spec(engine={"kind": "openai", "url": "http://127.0.0.1:8000"})
+    _one_run(real, real_spec)
+    _one_run(real, real_spec, status="engine_lost", run_id="base-s1")
+    _one_run(real, real_spec, status="failed", run_id="base-s2")
+    for run_id in ("burst-s1", "base-s1", "base-s2"):
+        _one_run(sim, _spec(), run_id=run_id)
+    result = compare_runs(real, sim, width_s=300)
+    assert [r["run_id"] for r in result["runs"]] == ["burst-s1"]  # the engine may differ
+    assert result["left_out"] == [{"side": "real", "run_id": "base-s1", "status": "engine_lost"},
+                                  {"side": "real", "run_id": "base-s2", "status": "failed"}]
+    assert ("left out (only completed runs are compared): real base-s1 (engine_lost), real base-s2 (failed)"
+            in format_comparison(result))
+    assert result["only_sim"] == ["base-s1", "base-s2"]
+
+
+@pytest.mark.parametrize("sim_spec,field", [
+    (_spec(rate=0.05), "workload.arrival_rate_per_s (0.03 vs 0.05)"),
+    (_spec(start_s=600), "arms[burst].triggers[0].start_s (300 vs 600)"),
+    ({**_spec(), "seeds": [2]}, "seeds[0] (1 vs 2)"),
+])
+def test_compare_refuses_runs_of_another_workload_triggers_or_seed(tmp_path, sim_spec, field):
+    real = _one_run(tmp_path / "real", _spec(engine={"kind": "openai", "url": "http://127.0.0.1:8000"}))
+    sim = _one_run(tmp_path / "sim", sim_spec)
+    with pytest.raises(ValueError) as info:
+        compare_runs(real, sim)
+    assert str(info.value).startswith(f"burst-s1: {real} and {sim} did not run the same experiment: {field}")
+
+
+def test_compare_command_exits_2_naming_the_difference(tmp_path):
+    import subprocess
+    import sys
+
+    real = _one_run(tmp_path / "real", _spec())
+    sim = _one_run(tmp_path / "sim", _spec(rate=0.05))
+    proc = subprocess.run([sys.executable, "-m", "loadgen.cli", "compare", str(real), str(sim)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "did not run the same experiment: workload.arrival_rate_per_s (0.03 vs 0.05)" in proc.stderr
+    assert not (real / "compare").exists()

@@ -57,7 +57,7 @@ def test_malformed_row_fails_at_spec_load_naming_file_row_and_field(tmp_path):
 
 def test_unknown_model_and_sessions_that_cannot_fit():
     msg = _error({"kind": "swebench", "models": ["gpt-9"]})
-    assert "workload.sessions: models: no sessions of model(s) ['gpt-9']" in msg and "deepseek/deepseek-chat" in msg
+    assert "workload.sessions.models: no sessions of model(s) ['gpt-9']" in msg and "deepseek/deepseek-chat" in msg
     msg = _error({"kind": "swebench", "truncate_at_tokens": 1000})
     assert "no session fits truncate_at_tokens=1000" in msg
     msg = _error({"kind": "swebench", "truncate_at_tokens": 50_000})

@@ -20,6 +20,7 @@ from .outcomes import run_outcome
 from .runs import load_run
 from .windows import window_series
 from ..core.recording import write_json_atomic
+from ..core.same_spec import compared_fields, describe_differences, spec_differences
 
 
 def _sessions_per_window(samples, starts: np.ndarray, width_s: float) -> np.ndarray:
@@ -38,28 +39,52 @@ def _mean_abs_diff(a: np.ndarray, b: np.ndarray) -> Optional[float]:
     return float(np.abs(a[mask] - b[mask]).mean()) if mask.any() else None
 
 
-def _finished_runs(results_dir: Path) -> dict[str, Path]:
-    """Run directories whose run ended (a run still going, or that failed, has no comparable rows)."""
+def _completed_runs(results_dir: Path, side: str, left_out: list[dict]) -> dict[str, tuple[Path, dict]]:
+    """Run id -> (directory, run.json) of the runs that completed. A run that ended engine_lost or
+    failed stopped early, or ran on an engine that was not serving: its windows would compare a
+    broken engine with the simulator. Those and runs not ended are appended to ``left_out``."""
     runs = {}
     for path in sorted((Path(results_dir) / "runs").glob("*")):
         try:
-            status = json.loads((path / "run.json").read_text()).get("status")
+            info = json.loads((path / "run.json").read_text())
         except (OSError, ValueError):
             continue
-        if status in ("completed", "engine_lost"):
-            runs[path.name] = path
+        status = info.get("status") if isinstance(info, dict) else None
+        if status == "completed":
+            runs[path.name] = (path, info)
+        else:
+            left_out.append({"side": side, "run_id": path.name, "status": status})
     return runs
 
 
+def _check_same_workload(real_dir: Path, sim_dir: Path, run_id: str, real: dict, sim: dict) -> None:
+    """ValueError unless both runs ran the same workload, triggers, controller and seed."""
+    a, b = real.get("spec"), sim.get("spec")
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return  # results from before run.json recorded the spec: nothing to check
+    arm = str(real.get("arm", run_id))
+    fa, fb = compared_fields(a, arm), compared_fields(b, arm)
+    paths = spec_differences(fa, fb, exempt=())
+    if paths:
+        raise ValueError(f"{run_id}: {real_dir} and {sim_dir} did not run the same experiment: "
+                         f"{describe_differences(fa, fb, paths)} (real vs sim). compare needs the same workload, "
+                         "triggers, controller and seeds on both sides; only the engine may differ")
+
+
 def compare_runs(real_dir: Path, sim_dir: Path, width_s: float = 300.0) -> dict:
-    real_runs, sim_runs = _finished_runs(real_dir), _finished_runs(sim_dir)
+    left_out: list[dict] = []
+    real_runs = _completed_runs(real_dir, "real", left_out)
+    sim_runs = _completed_runs(sim_dir, "sim", left_out)
     common = sorted(set(real_runs) & set(sim_runs))
     if not common:
-        raise ValueError(f"no run ids in common between {real_dir} ({sorted(real_runs)}) and "
-                         f"{sim_dir} ({sorted(sim_runs)})")
+        raise ValueError(f"no completed run ids in common between {real_dir} ({sorted(real_runs)}) and "
+                         f"{sim_dir} ({sorted(sim_runs)})" + (f"; left out: {_left_out_text(left_out)}"
+                                                              if left_out else ""))
+    for run_id in common:
+        _check_same_workload(real_dir, sim_dir, run_id, real_runs[run_id][1], sim_runs[run_id][1])
     runs = []
     for run_id in common:
-        real, sim = load_run(real_runs[run_id]), load_run(sim_runs[run_id])
+        real, sim = load_run(real_runs[run_id][0]), load_run(sim_runs[run_id][0])
         duration = min(real.run_json["duration_s"], sim.run_json["duration_s"])
         rw = window_series(real.turns, 0.0, duration, width_s)
         sw = window_series(sim.turns, 0.0, duration, width_s)
@@ -83,8 +108,13 @@ def compare_runs(real_dir: Path, sim_dir: Path, width_s: float = 300.0) -> dict:
     diffs = [r["hit_ratio_mean_abs_diff"] for r in runs if r["hit_ratio_mean_abs_diff"] is not None]
     return {"real_dir": str(real_dir), "sim_dir": str(sim_dir), "window_s": width_s, "runs": runs,
             "only_real": sorted(set(real_runs) - set(sim_runs)), "only_sim": sorted(set(sim_runs) - set(real_runs)),
+            "left_out": left_out,
             "end_state_agreement": sum(r["end_state_agrees"] for r in runs) / len(runs),
             "hit_ratio_mean_abs_diff": float(np.mean(diffs)) if diffs else None}
+
+
+def _left_out_text(left_out: list[dict]) -> str:
+    return ", ".join(f"{e['side']} {e['run_id']} ({e['status']})" for e in left_out)
 
 
 def _nan_list(values: np.ndarray) -> list:
@@ -104,6 +134,8 @@ def format_comparison(result: dict) -> str:
     lines.append(f"end-state agreement {100 * result['end_state_agreement']:.0f}% over {len(result['runs'])} runs; "
                  f"mean absolute hit-ratio difference per {result['window_s'] / 60:g}-min window "
                  f"{'n/a' if result['hit_ratio_mean_abs_diff'] is None else format(result['hit_ratio_mean_abs_diff'], '.3f')}")
+    if result.get("left_out"):
+        lines.append(f"left out (only completed runs are compared): {_left_out_text(result['left_out'])}")
     return "\n".join(lines)
 
 

@@ -191,10 +191,9 @@ def format_latency_table(summary: dict) -> Optional[str]:
     lines = [f"Latency per arm: experiment {summary.get('experiment')} (all turns of the arm's runs pooled)",
              join(header)]
     lines += [join(cells) for cells in body]
-    lines += ["TTFT and turn latency from the moment the agent wanted the turn (gateway wait included); "
-              "gw: gateway wait;",
-              "  ITL: a turn's mean inter-token gap; nearest-rank percentiles over successful turns; tasks done: sessions "
-              "finished/arrived."]
+    lines += ["TTFT and turn latency from the moment the agent wanted the turn (gateway wait included);",
+              "  gw: gateway wait; ITL: a turn's mean inter-token gap; nearest-rank percentiles over",
+              "  successful turns; tasks done: sessions finished/arrived."]
     if has_slo:
         lines.append("SLO turns/tasks: share meeting every target of the spec's slo (docs/results-format.md).")
     return "\n".join(lines)

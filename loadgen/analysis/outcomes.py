@@ -8,7 +8,10 @@ from typing import Mapping, Optional
 import numpy as np
 import pyarrow as pa
 
+from .latency import latency_outcome
 from .recovery import control_outcome
+from .sessions import task_outcome
+from .slo import slo_outcome
 from .runs import RunData, float_column, json_float, success_mask
 from .windows import (LAST_HIT_WINDOW_S, LAST_SESSIONS_WINDOW_S, degraded_only_in_final_window,
                       degraded_windows, ends_degraded, hit_ratio_between, num_turns_between,
@@ -75,6 +78,10 @@ def run_outcome(run: RunData) -> dict:
             json_float(num_last_turns / last_hit_width_s) if last_hit_width_s > 0 else None
         ),
         **control_outcome(run),
+        # added with latency and SLOs (docs/results-format.md#latency)
+        **latency_outcome(run.turns, duration_s),
+        **task_outcome(run),
+        **slo_outcome(run),
         # added beside persistently_degraded (docs/results-format.md): how the run ends, and how
         # much of it after the trigger was degraded
         "ends_degraded": ends_degraded(hit_last10min),

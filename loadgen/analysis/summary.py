@@ -8,11 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from .latency import latency_by_arm
 from .outcomes import run_outcome
 from .paired import paired_comparisons
 from .recovery import has_control, recovery_table
 from .runs import RunData, load_run, read_run_json
 from .tables import table_arms
+from .uncertainty import recovery_intervals
 
 
 def _spec_arm_names(run_json: Mapping[str, Any]) -> list[str]:
@@ -82,8 +84,10 @@ def summarize(results_dir: str | os.PathLike) -> dict:
         "experiment": _experiment_name(run_jsons),
         "runs": outcomes,
         "pairs": pairs,
-        "recovery": recovery_table(completed, arms) if has_control(run_jsons) else None,
+        "recovery": (recovery_intervals(completed, recovery_table(completed, arms))
+                     if has_control(run_jsons) else None),
         "incomplete_runs": sorted(incomplete_runs),
+        "latency_by_arm": latency_by_arm(completed, outcomes),
     }
 
 def write_summary(results_dir: str | os.PathLike) -> dict:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .windows import DEGRADED_HIT_RATIO
 
@@ -133,6 +133,9 @@ def format_outcome_table(summary: Mapping[str, Any]) -> str:
     incomplete = summary.get("incomplete_runs") or []
     if incomplete:
         lines.append(f"incomplete runs (not counted): {', '.join(incomplete)}")
+    unreadable = summary.get("unreadable_runs") or []
+    if unreadable:
+        lines.append(f"unreadable runs (not counted): {', '.join(e['run_id'] for e in unreadable)}")
     return "\n".join(lines)
 
 def _fmt_recovery_minutes(minutes: Optional[float]) -> str:
@@ -174,13 +177,34 @@ def format_recovery_table(summary: Mapping[str, Any]) -> Optional[str]:
 
     lines = [f"Recovery: experiment {summary.get('experiment')}", join(header)]
     lines += [join(cells) for cells in body]
+    lines += _recovery_interval_lines(rows, widths[0])
+    # notes wrapped under 120 characters, like the table
     lines += [
-        "collapsed: hit ratio < 0.5 in the 5 min before control starts. The columns after it are over "
-        "the arm's collapsed runs (* over all its runs when none collapsed).",
-        "recover min: median (max) minutes from control start to the first 5-min window, slid by 1 min, "
-        "from which every window has hit ratio >= 0.8, with >= 10 min of follow-up.",
-        "hit10m: mean hit ratio over the last 10 min; cohort20: share of the sessions arriving in the 20 min "
-        "after control start that finished by the run's end; done med/p90: their arrival-to-completion "
-        "minutes (n/f: not finished by the run's end).",
+        "collapsed: hit ratio < 0.5 in the 5 min before control starts. The columns after it are over",
+        "  the arm's collapsed runs (* over all its runs when none collapsed).",
+        "recover min: median (max) minutes from control start to the first 5-min window, slid by 1 min,",
+        "  from which every window has hit ratio >= 0.8, with >= 10 min of follow-up.",
+        "hit10m: mean hit ratio over the last 10 min; cohort20: share of the sessions arriving in the 20 min",
+        "  after control start that finished by the run's end; done med/p90: their arrival-to-completion",
+        "  minutes (n/f: not finished by the run's end).",
     ]
     return "\n".join(lines)
+
+
+def _recovery_interval_lines(rows: Sequence[Mapping[str, Any]], arm_width: int) -> list[str]:
+    """Bootstrap 95% intervals of the recovery time and cohort completion, one line per arm
+    (loadgen/analysis/uncertainty.py); nothing for summaries written before them."""
+    if not any("recovery_time_min_ci95" in row for row in rows):
+        return []
+
+    def interval(pair: Any, fmt: Callable[[Optional[float]], str]) -> str:
+        lo, hi = pair if pair else (None, None)
+        return "-" if lo is None else f"[{fmt(lo)}, {fmt(hi)}]"
+
+    lines = ["95% intervals (bootstrap over the runs each row counts, 10000 resamples):",
+             f"  {'arm'.ljust(arm_width)}  {'recover min median':>20}  {'cohort20':>14}"]
+    for row in rows:
+        lines.append(f"  {row['arm'].ljust(arm_width)}  "
+                     f"{interval(row.get('recovery_time_min_ci95'), lambda m: f'{m:.0f}'):>20}  "
+                     f"{interval(row.get('cohort_done_ci95'), lambda v: f'{v:.2f}'):>14}")
+    return lines

@@ -194,3 +194,16 @@ def recover_runs(out_dir: Path) -> list[str]:
         if merge_parts(run_dir):
             recovered.append(run_dir.name)
     return recovered
+
+
+def completed_run(out_dir: Path, spec: ExperimentSpec, key: RunKey) -> Optional[dict]:
+    """run.json of a run already completed with this spec (a changed spec runs again), else None.
+
+    What `loadgen run --resume` and `loadgen sweep` skip."""
+    try:
+        info = json.loads((Path(out_dir) / "runs" / key.run_id / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(info, dict) and info.get("status") == "completed" and info.get("spec") == run_spec(spec, key):
+        return info
+    return None

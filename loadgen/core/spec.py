@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import re
+import typing
+import urllib.parse
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -42,8 +44,29 @@ class _Model(BaseModel):
                     if target in data:
                         raise ValueError(f"give either {key} or {target}, not both")
                     value = out.pop(key)
+                    if isinstance(value, bool):  # True * 60 would silently be one minute
+                        raise ValueError(f"{key}: expected a number of minutes, got {str(value).lower()}")
                     out[target] = value * 60 if isinstance(value, (int, float)) else value
         return out
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, data: Any) -> Any:
+        # pydantic's lax mode reads true as 1: `duration_s: true` would run a 1-second experiment
+        if isinstance(data, dict):
+            for key, value in data.items():
+                field = cls.model_fields.get(key)
+                if isinstance(value, bool) and field is not None and _is_number(field.annotation):
+                    raise ValueError(f"{key}: expected a number, got {str(value).lower()}")
+        return data
+
+
+def _is_number(annotation: Any) -> bool:
+    """int, float, or Optional of one of them."""
+    if annotation in (int, float):
+        return True
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return typing.get_origin(annotation) is Union and bool(args) and all(a in (int, float) for a in args)
 
 
 # ---------------------------------------------------------------- engine
@@ -98,7 +121,7 @@ class OpenAIEngineSpec(_Model):
     """A real server: vLLM, SGLang or any OpenAI-compatible endpoint."""
 
     kind: Literal["openai"] = "openai"
-    url: str = Field(..., pattern=r"^https?://", description="Base URL, e.g. http://127.0.0.1:8000")
+    url: str = Field(..., description="Base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted and dropped).")
     model: Optional[str] = Field(None, description="Served model name; default: the first one /v1/models lists.")
     api_key_env: Optional[str] = Field(None, description="Name of the environment variable holding the API key.")
     pool_tokens: Optional[int] = Field(None, gt=0, description="KV pool C; default: read from the server's /metrics.")
@@ -113,6 +136,36 @@ class OpenAIEngineSpec(_Model):
     flush_before_run: bool = Field(True, description=(
         "Reset the prefix cache before each run (a fresh engine); a failed reset stops the run "
         "(vLLM needs VLLM_SERVER_DEV_MODE=1). false: run on whatever the server has cached."))
+
+    @field_validator("url", mode="before")
+    @classmethod
+    def _base_url(cls, value: Any) -> Any:
+        return normalize_endpoint_url(value) if isinstance(value, str) else value
+
+
+def normalize_endpoint_url(url: str) -> str:
+    """The server's base URL, ``http(s)://HOST[:PORT][/PREFIX]``, without a trailing slash.
+
+    A trailing ``/v1`` is accepted and dropped: OpenAI clients are configured with it, and the
+    client adds ``/v1/completions`` itself (keeping it would request ``/v1/v1/completions``).
+    ValueError says what was wrong and what is expected.
+    """
+    text = url.strip()
+    if "://" not in text:
+        raise ValueError(f"{url!r} has no scheme: expected a URL like http://{text or '127.0.0.1:8000'}")
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"{url!r}: expected an http:// or https:// URL, got scheme {parts.scheme!r}")
+    try:
+        parts.port  # noqa: B018 (parses the port: urlsplit alone accepts http://host:99999)
+    except ValueError:
+        raise ValueError(f"{url!r}: the port is not a number from 0 to 65535") from None
+    if not parts.hostname:
+        raise ValueError(f"{url!r} names no host: expected e.g. http://127.0.0.1:8000")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{url!r}: expected a base URL without ?query or #fragment")
+    path = parts.path.rstrip("/").removesuffix("/v1")
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
 class LaunchedEngineSpec(_Model):
@@ -404,31 +457,70 @@ class ArmSpec(_Model):
     controller: Optional[ControllerSpec] = Field(None, description="Overrides the experiment's controller.")
 
 
+class SLOSpec(_Model):
+    """Service-level objectives the report measures goodput against (docs/results-format.md#slos-and-goodput).
+
+    Each target is optional; a turn meets the SLO when it meets every per-turn target given,
+    a task (session) when it finished within ``task_s`` and, at ``percentile`` over its own
+    turns, meets every per-turn target."""
+
+    ttft_s: Optional[float] = Field(None, gt=0, description="Time to first token, gateway wait included (s).")
+    itl_s: Optional[float] = Field(None, gt=0, description="Mean inter-token latency of a turn (s).")
+    turn_s: Optional[float] = Field(None, gt=0, description="End-to-end turn latency, gateway wait included (s).")
+    task_s: Optional[float] = Field(None, gt=0, description="Task (session) arrival to completion; "
+                                                            "`task_min: 30` gives it in minutes.")
+    percentile: float = Field(90.0, gt=0, le=100, description="Percentile of a task's turns (and of a run's turns "
+                                                              "for slo_met) held to the per-turn targets.")
+
+    @model_validator(mode="after")
+    def _some_target(self) -> "SLOSpec":
+        if all(v is None for v in (self.ttft_s, self.itl_s, self.turn_s, self.task_s)):
+            raise ValueError("an slo needs at least one of ttft_s, itl_s, turn_s, task_s (or task_min)")
+        return self
+
+
 class RecordingSpec(_Model):
     sample_interval_s: float = Field(10.0, gt=0, description="Run time between samples.")
     flush_interval_s: float = Field(600.0, gt=0, description="Run time between writes of buffered rows to disk.")
 
 
 def parse_seeds(value: Union[str, int, list]) -> list[int]:
-    """``[501, 502]``, ``501`` or ``"501-512"`` / ``"1,3,5-7"``."""
-    if isinstance(value, int):
-        return [value]
+    """``[501, 502]``, ``501`` or ``"501-512"`` / ``"1,3,5-7"``: whole numbers >= 0.
+
+    Anything else is a ValueError saying what was expected: a fractional seed (2.7) is not
+    rounded and a boolean is not 1, because either would silently run another experiment.
+    """
     if isinstance(value, list):
-        return [int(v) for v in value]
+        return [_one_seed(v) for v in value]
+    if not isinstance(value, str):
+        return [_one_seed(value)]
     seeds: list[int] = []
-    for part in str(value).split(","):
+    for part in value.split(","):
         part = part.strip()
         m = re.fullmatch(r"(\d+)\s*-\s*(\d+)", part)
         if m:
             lo, hi = int(m.group(1)), int(m.group(2))
             if hi < lo:
-                raise ValueError(f"seed range {part!r} runs backwards")
+                raise ValueError(f"seed range {part!r} runs backwards: expected LOW-HIGH with LOW <= HIGH, "
+                                 f"e.g. {hi}-{lo}")
             seeds.extend(range(lo, hi + 1))
         elif re.fullmatch(r"\d+", part):
             seeds.append(int(part))
+        elif re.fullmatch(r"-\d+", part):
+            raise ValueError(f"seed {part} is negative: seeds are whole numbers >= 0")
         else:
-            raise ValueError(f"cannot read seeds {value!r}: expected e.g. 501-512 or 1,2,3")
+            raise ValueError(f"cannot read seeds {value!r}: expected whole numbers >= 0, e.g. 501-512 or 1,2,3")
     return seeds
+
+
+def _one_seed(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        shown = str(value).lower() if isinstance(value, bool) else repr(value)
+        raise ValueError(f"seed {shown} is not a whole number: expected whole numbers >= 0, "
+                         "e.g. [501, 502] or '501-512'")
+    if value < 0:
+        raise ValueError(f"seed {value} is negative: seeds are whole numbers >= 0")
+    return value
 
 
 class ExperimentSpec(_Model):
@@ -441,6 +533,7 @@ class ExperimentSpec(_Model):
     controller: ControllerSpec = Field(default_factory=ControllerSpec)
     arms: list[ArmSpec] = Field(..., min_length=1, description="Arms share base arrivals; differ in triggers/controller.")
     recording: RecordingSpec = Field(default_factory=RecordingSpec)
+    slo: Optional[SLOSpec] = Field(None, description="Latency and task-time targets for goodput (report only).")
     time_scale: float = Field(
         1.0, gt=0, description="Live runs only: every workload time (arrivals, think times, triggers, run length) "
                                "is compressed this many times (use serve-sim at the same scale).")
@@ -507,6 +600,9 @@ def _format_errors(exc: ValidationError, source: str) -> str:
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
+        field = re.match(r"([a-z_][a-z0-9_]*): ", msg) if err["type"] == "value_error" else None
+        if field:  # a model's own check naming one of its fields: print the field's full location
+            loc, msg = ".".join(p for p in (loc if parts else "", field.group(1)) if p), msg[field.end():]
         lines.append(f"  {loc}: {msg}")
     return "\n".join(lines)
 
@@ -519,6 +615,31 @@ def parse_spec(data: Any, source: str = "<spec>", base_dir: Optional[Path] = Non
         return ExperimentSpec.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
         raise SpecError(_format_errors(exc, source)) from None
+
+
+def check_spec_files(spec: ExperimentSpec, base_dir: Optional[Path], source: str = "<spec>") -> None:
+    """SpecError unless every file the spec names exists and parses, naming the field and file.
+
+    Trace files are read when the spec loads (a session spec that cannot be replayed is invalid);
+    cost-model files are read here, as a run reads them (relative to ``base_dir``).
+    """
+    engines = [("engine", spec.engine)]
+    if isinstance(spec.engine, LaunchedEngineSpec) and spec.engine.kind == "serve_sim":
+        engines.append(("engine.simulator", spec.engine.simulator))
+    for where, engine in engines:
+        if not isinstance(engine, SimEngineSpec) or not isinstance(engine.cost_model, str) \
+                or engine.cost_model in PRESETS:
+            continue
+        path = Path(engine.cost_model).expanduser()
+        if not path.is_absolute() and base_dir is not None:
+            path = Path(base_dir) / path
+        if not path.is_file():
+            raise SpecError(f"{source}: {where}.cost_model: no such file: {path} (expected a cost.json as "
+                            "`loadgen calibrate` writes, or a preset name)")
+        try:
+            StepCostModel.from_file(path)
+        except (ValueError, TypeError) as exc:  # TypeError: fields missing from the JSON object
+            raise SpecError(f"{source}: {where}.cost_model: {path}: not a cost model ({exc})") from None
 
 
 def load_spec(path: Union[str, Path]) -> ExperimentSpec:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from controllers import make_policy
 
 from ..core.clock import WallClock
 from ..core.gateway import Gateway
+from .progress import LiveProgress, LiveSnapshot
 from .http_client import EndpointOptions, OpenAIEngineClient, PreflightError, Transport, api_key_from_env
 from ..core.recording import RunRecorder, write_json_atomic
 from ..core.runner import run_info, sample_row
@@ -51,9 +52,12 @@ async def flush_before_run(client: OpenAIEngineClient) -> None:
     client.flush_times_s.clear()
 
 
-def run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optional[Transport] = None) -> dict:
-    """One run (arm x seed) against ``spec.engine`` (an OpenAIEngineSpec); returns its run.json."""
-    return _event_loop_runner()(_run_live(spec, key, Path(out_dir), transport))
+def run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optional[Transport] = None,
+             on_progress: Optional[Callable[[LiveSnapshot], None]] = None) -> dict:
+    """One run (arm x seed) against ``spec.engine`` (an OpenAIEngineSpec); returns its run.json.
+
+    ``on_progress`` gets a LiveSnapshot at every sample (run time, turns/s, hit ratio, sessions)."""
+    return _event_loop_runner()(_run_live(spec, key, Path(out_dir), transport, on_progress))
 
 
 def _event_loop_runner():
@@ -65,7 +69,8 @@ def _event_loop_runner():
     return uvloop.run
 
 
-async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optional[Transport]) -> dict:
+async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optional[Transport],
+                    on_progress: Optional[Callable[[LiveSnapshot], None]] = None) -> dict:
     engine_spec: OpenAIEngineSpec = spec.engine
     arm = spec.arm(key.arm)
     ctl = spec.controller_for(arm)
@@ -122,14 +127,19 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
         if isinstance(trig, FlushTrigger):
             clock.call_at(trig.at_s, lambda: tasks.add(clock.spawn(flush())))
 
+    progress = LiveProgress(spec.duration_s)
+
     async def sampler() -> None:
         interval = spec.recording.sample_interval_s
         i = 0
         while i * interval <= spec.duration_s + 1e-9:
             await clock.sleep(i * interval - clock.now())
             now = clock.now()
-            recorder.sample(sample_row(env, await client.metrics_async(), now))
+            row = sample_row(env, await client.metrics_async(), now)
+            recorder.sample(row)
             recorder.maybe_flush(now)
+            if on_progress is not None:
+                on_progress(progress.sample(row))
             # run time runs time_scale x faster than the wall clock the engine lives on
             if client.engine_gone(now, engine_spec.engine_gone_after_s * spec.time_scale):
                 info["status_reason"] = (f"every request failed since t={client.first_failure_s:.1f} s "
