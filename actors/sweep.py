@@ -34,6 +34,7 @@ from loadgen.core.clock import epoch_s
 from loadgen.live.http_client import EndpointOptions
 from loadgen.core.recording import write_json_atomic
 from loadgen.core.runner import RunKey, completed_run, mark_interrupted, run_info, run_simulated, run_spec
+from loadgen.core.same_spec import MixedSpecError, check_results_dir_spec
 from loadgen.core.session import RetryPolicy
 from loadgen.sim.cost import PRESETS
 from loadgen.core.spec import ExperimentSpec, LaunchedEngineSpec, SimEngineSpec
@@ -76,6 +77,10 @@ def run_sweep(spec: ExperimentSpec, out_dir: Path, keys: list[RunKey], spec_dir:
     """Run ``keys`` on the connected Ray cluster, skipping completed ones; returns each run's run.json."""
     check_sweepable(spec)
     out_dir = Path(out_dir).resolve()
+    try:  # the check `loadgen run` makes: one results directory, one spec
+        check_results_dir_spec(out_dir, spec)
+    except MixedSpecError as exc:
+        raise SweepError(str(exc)) from None
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     done = {key: info for key in keys if (info := completed_run(out_dir, spec, key)) is not None}

@@ -30,7 +30,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         previous = spec.engine.model_dump() if spec.engine.kind == "openai" else {}
         previous.pop("kind", None)
-        engine = OpenAIEngineSpec(**{**previous, "url": args.endpoint, "model": args.model or previous.get("model")})
+        url = _endpoint_url(args.endpoint)
+        engine = OpenAIEngineSpec(**{**previous, "url": url, "model": args.model or previous.get("model")})
         spec = spec.model_copy(update={"engine": engine})
     elif args.model:
         raise SpecError("--model needs --endpoint")
@@ -40,9 +41,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.time_scale is not None:
         if args.time_scale <= 0:
             raise SpecError(f"--time-scale must be > 0, got {args.time_scale}")
+        if spec.engine.kind != "openai":  # a simulated run is in virtual time: there is nothing to compress
+            raise SpecError(f"--time-scale applies to live runs only (with --endpoint URL, or a spec whose engine "
+                            f"is kind openai); {args.spec} simulates in virtual time, which needs no scaling")
         spec = spec.model_copy(update={"time_scale": args.time_scale})
     keys = _selected_runs(spec, args)
     out = Path(args.out)
+    _claim_results_dir(out, spec, args.force_new_spec, console)
     live = spec.engine.kind == "openai"
     num_to_run = len(keys)
     if args.resume is not None:
@@ -88,9 +93,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                        on_progress=progressed if live else None)
     for run_id, error in failed:
         console.print(f"[red]run {run_id} failed:[/red] {error}")
-    if not args.no_report:
-        _report(out, console, figures=not args.no_figures)
-    return 1 if failed else 0
+    unreadable = _report(out, console, figures=not args.no_figures) if not args.no_report else []
+    return 1 if failed or unreadable else 0
 
 
 def _resume_args(args: argparse.Namespace) -> None:
@@ -112,6 +116,28 @@ def _resume_args(args: argparse.Namespace) -> None:
         raise SpecError("loadgen run needs --out DIR (or --resume DIR)")
 
 
+def _endpoint_url(url: str, flag: str = "--endpoint") -> str:
+    from .core.spec import normalize_endpoint_url
+
+    try:
+        return normalize_endpoint_url(url)
+    except ValueError as exc:
+        raise SpecError(f"{flag}: {exc}") from None
+
+
+def _claim_results_dir(out: Path, spec, force_new_spec: bool, console) -> None:
+    """Refuse a results directory holding runs of another spec, or move them aside (--force-new-spec)."""
+    from .core.same_spec import MixedSpecError, claim_results_dir
+
+    try:
+        moved = claim_results_dir(out, spec, force_new_spec)
+    except MixedSpecError as exc:
+        raise SpecError(str(exc)) from None
+    if moved is not None:
+        console.print(f"--force-new-spec: moved the runs of the previous spec to {moved}/", markup=False,
+                      soft_wrap=True)
+
+
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -131,6 +157,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         raise SpecError(f"{args.spec}: {exc}") from None
     keys = _selected_runs(spec, args)
     out = Path(args.out)
+    _claim_results_dir(out, spec, args.force_new_spec, console)
     finished: list = []
 
     def started(start) -> None:
@@ -156,16 +183,18 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     failed = [info for info in results if info.get("status") != "completed"]
     for info in failed:
         console.print(f"[red]run {info['run_id']} failed:[/red] {info.get('error')}")
-    if not args.no_report:
-        _report(out, console, figures=not args.no_figures)
-    return 1 if failed else 0
+    unreadable = _report(out, console, figures=not args.no_figures) if not args.no_report else []
+    return 1 if failed or unreadable else 0
 
 
 def _selected_runs(spec, args: argparse.Namespace) -> list:
     """The spec's arms x seeds, narrowed by --seeds and --arms."""
     from .core.runner import run_keys
 
-    seeds = parse_seeds(args.seeds) if args.seeds else None
+    try:
+        seeds = parse_seeds(args.seeds) if args.seeds is not None else None
+    except ValueError as exc:
+        raise SpecError(f"--seeds: {exc}") from None
     arms = args.arms.split(",") if args.arms else None
     try:
         return run_keys(spec, seeds, arms)
@@ -173,14 +202,20 @@ def _selected_runs(spec, args: argparse.Namespace) -> list:
         raise SpecError(f"{args.spec}: {exc}") from None
 
 
-def _report(out: Path, console, figures: bool = True) -> None:
-    from .analysis import format_outcome_table, format_recovery_table, write_summary
+def _report(out: Path, console, figures: bool = True) -> list:
+    """Summary, tables and figures of ``out``; returns the runs it could not read (they are listed)."""
+    from rich.markup import escape
+
+    from .analysis import ResultsError, format_outcome_table, format_recovery_table, write_summary
     from .core.runner import recover_runs
 
     recovered = recover_runs(out)
     if recovered:
         console.print(f"recovered rows of interrupted runs: {', '.join(recovered)}")
-    summary = write_summary(out)
+    try:
+        summary = write_summary(out)
+    except ResultsError as exc:
+        raise SpecError(str(exc)) from None
     print(format_outcome_table(summary), flush=True)
     recovery = format_recovery_table(summary)  # only when some arm has a controller or a control start
     if recovery:
@@ -201,6 +236,11 @@ def _report(out: Path, console, figures: bool = True) -> None:
         paths = write_figures(out, summary)
         if paths:
             console.print(f"figures: {len(paths)} PNG files in {paths[0].parent}")
+    unreadable = summary.get("unreadable_runs") or []
+    for entry in unreadable:
+        console.print(f"[red]unreadable run {entry['run_id']}[/red] (left out of the tables): {escape(entry['error'])}",
+                      soft_wrap=True)
+    return unreadable
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -213,7 +253,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     except ResultsError as exc:
         raise SpecError(str(exc)) from None
     arms = _compare_arms_arg(args.compare_arms) if args.compare_arms is not None else None
-    _report(out, Console(stderr=True), figures=not args.no_figures)
+    unreadable = _report(out, Console(stderr=True), figures=not args.no_figures)
     if arms is not None:
         import json
 
@@ -224,7 +264,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SpecError(f"--compare-arms: {exc}") from None
         print("\n" + format_arm_comparison(comparison), flush=True)
-    return 0
+    return 1 if unreadable else 0
 
 
 def _compare_arms_arg(value: str) -> tuple[str, str]:
@@ -235,7 +275,10 @@ def _compare_arms_arg(value: str) -> tuple[str, str]:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    from .core.spec import check_spec_files
+
     spec = load_spec(args.spec)
+    check_spec_files(spec, Path(args.spec).resolve().parent, args.spec)
     print(f"{args.spec}: ok: experiment {spec.experiment!r}, {len(spec.arms)} arms x {len(spec.seeds)} seeds, "
           f"{spec.duration_s / 60:g} min per run")
     return 0
@@ -295,6 +338,12 @@ def _cmd_shapes(args: argparse.Namespace) -> int:
     from trace_shapes import (TraceLabLikeSessions, describe_sessions, format_description, load_swebench, load_trace,
                               select_models)
 
+    for flag, values in (("--truncate-at", [args.truncate_at]), ("--over", args.over or []),
+                         ("--num-sessions", [args.num_sessions])):
+        for value in values:
+            if value <= 0:
+                raise SpecError(f"{flag} must be a positive number of {'sessions' if flag == '--num-sessions' else 'tokens'}, "
+                                f"got {value}")
     try:
         if args.source == "swebench":
             trace = load_swebench()
@@ -323,11 +372,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from .core.clock import WallClock
     from .live.http_client import EndpointOptions, OpenAIEngineClient, PreflightError
 
+    url = _endpoint_url(args.endpoint)
     plan = CalibrationPlan(repeats=args.repeats, chunk_tokens=args.max_num_batched_tokens)
     out = Path(args.out)
 
     async def main():
-        client = OpenAIEngineClient(WallClock(), EndpointOptions(url=args.endpoint, model=args.model))
+        client = OpenAIEngineClient(WallClock(), EndpointOptions(url=url, model=args.model))
         try:
             return await calibrate(client, plan, name=args.name or out.stem, time_scale=args.time_scale,
                                    log=lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -383,7 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress display")
     run.add_argument("--endpoint", help="run against this OpenAI-compatible server instead of the spec's engine")
     run.add_argument("--model", help="served model name (with --endpoint; default: the first one served)")
-    run.add_argument("--time-scale", type=float, help="compress every workload time X-fold (live runs)")
+    run.add_argument("--time-scale", type=float, help="compress every workload time X-fold (live runs only)")
+    run.add_argument("--force-new-spec", action="store_true",
+                     help="DIR holds runs of another spec: move them to DIR/previous-N/ instead of refusing")
     run.set_defaults(func=_cmd_run)
 
     sweep = sub.add_parser("sweep", help="run arms x seeds on a Ray cluster (engines on their own GPUs); resumes")
@@ -393,6 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--seeds", help="only these seeds, e.g. 501-503 or 1,4")
     sweep.add_argument("--arms", help="only these arms, comma-separated")
     sweep.add_argument("--fleets", type=int, help="session-fleet actors (default: one per node, at least 2)")
+    sweep.add_argument("--force-new-spec", action="store_true",
+                       help="DIR holds runs of another spec: move them to DIR/previous-N/ instead of refusing")
     sweep.add_argument("--no-report", action="store_true", help="skip summary, table and figures")
     sweep.add_argument("--no-figures", action="store_true", help="summary and table only")
     sweep.add_argument("--quiet", action="store_true", help="no per-run lines")

@@ -13,6 +13,7 @@ import yaml
 
 from .analysis.windows_table import write_windows
 from .core.runner import RunKey, completed_run, mark_interrupted, run_simulated
+from .core.same_spec import check_results_dir_spec
 from .core.spec import ExperimentSpec
 from .live.progress import LiveSnapshot
 from .live.runner import run_live
@@ -26,11 +27,13 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path, keys: list[RunKey], spec
                    on_progress: Optional[Callable[[RunKey, LiveSnapshot], None]] = None) -> list[dict]:
     """Run ``keys`` one after another; a failed run is recorded and the others go on.
 
-    With ``resume``, runs whose run.json says completed for this same spec are skipped
-    (reported to ``on_run_skipped``). A completed run also gets its windows.parquet
-    (loadgen/analysis/windows_table.py).
+    MixedSpecError, before anything is written, when ``out_dir`` holds runs of another spec
+    (``loadgen.core.same_spec``: one results directory, one spec). With ``resume``, runs whose
+    run.json says completed for this same spec are skipped (reported to ``on_run_skipped``).
+    A completed run also gets its windows.parquet (loadgen/analysis/windows_table.py).
     """
     out_dir = Path(out_dir)
+    check_results_dir_spec(out_dir, spec)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     results = []

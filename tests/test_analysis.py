@@ -104,6 +104,11 @@ def test_last_10min_figures(tmp_path: Path) -> None:
         "cohort_completion_p90_min", "gateway_wait_p90_first_turn_s",
         # beside persistently_degraded (added later; the fields above are unchanged)
         "ends_degraded", "degraded_windows_after_trigger", "degraded_only_in_final_window",
+        # latency, tasks and SLO goodput (added later; the fields above are unchanged)
+        "latency", "latency_last10min", "tasks_arrived", "tasks_finished", "task_completion_p50_min",
+        "task_completion_p90_min", "slo_turns_met", "slo_turns_met_share", "slo_goodput_turns_per_s",
+        "slo_tasks_met", "slo_tasks_counted", "slo_tasks_met_share", "slo_goodput_tasks_per_s",
+        "slo_met_at_percentile",
     }
     assert outcome["hit_ratio_last10min"] == pytest.approx((2700 + 100) / (3000 + 1000))
     # windows after te = 1200: six at 0.2, [3000, 3300) at 0.9, [3300, 3600) at 0.1

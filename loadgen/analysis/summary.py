@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from ..core.same_spec import describe_differences, spec_differences
 from .latency import latency_by_arm
 from .outcomes import run_outcome
 from .paired import paired_comparisons
@@ -55,19 +56,29 @@ def summarize(results_dir: str | os.PathLike) -> dict:
     """Build the summary.json dict from every completed run under results_dir/runs/.
 
     Runs whose status is not "completed" are left out of `runs` and `pairs` and listed by id
-    under `incomplete_runs`.
+    under `incomplete_runs`; runs whose files cannot be read (a corrupt Parquet file, a
+    malformed run.json) are listed under `unreadable_runs` with the reason, and the others are
+    summarized. Completed runs of different specs raise ResultsError: one paired table compares
+    runs of one spec (loadgen.core.same_spec says which fields may differ).
     """
     runs_root = Path(results_dir) / "runs"
-    run_json_paths = sorted(runs_root.glob("*/run.json")) if runs_root.is_dir() else []
+    run_dirs = sorted(p for p in runs_root.iterdir() if p.is_dir()) if runs_root.is_dir() else []
 
     completed: list[RunData] = []
     incomplete_runs: list[str] = []
-    for path in run_json_paths:
-        run_json = read_run_json(path)
-        if run_json.get("status") != "completed":
-            incomplete_runs.append(str(run_json["run_id"]))
-            continue
-        completed.append(load_run(path.parent))
+    unreadable_runs: list[dict] = []
+    for run_dir in run_dirs:
+        if not (run_dir / "run.json").exists() and not any(run_dir.glob("*.parquet")):
+            continue  # not a run (yet): a directory a run was about to write into
+        try:
+            run_json = read_run_json(run_dir / "run.json")
+            if run_json.get("status") != "completed":
+                incomplete_runs.append(str(run_json["run_id"]))
+                continue
+            completed.append(load_run(run_dir))
+        except ValueError as exc:  # the message names the file and what is wrong with it
+            unreadable_runs.append({"run_id": run_dir.name, "error": str(exc)})
+    _check_one_spec(Path(results_dir), completed)
 
     run_jsons = [run.run_json for run in completed]
     outcomes = [run_outcome(run) for run in completed]
@@ -88,7 +99,30 @@ def summarize(results_dir: str | os.PathLike) -> dict:
                      if has_control(run_jsons) else None),
         "incomplete_runs": sorted(incomplete_runs),
         "latency_by_arm": latency_by_arm(completed, outcomes),
+        "unreadable_runs": unreadable_runs,
     }
+
+
+def _check_one_spec(results_dir: Path, runs: Sequence[RunData]) -> None:
+    """ResultsError naming two runs of different specs and the fields that differ."""
+    groups: list[RunData] = []  # one run of each distinct spec, in run-id order
+    for run in runs:
+        spec = run.run_json.get("spec")
+        if not isinstance(spec, dict):
+            continue  # results from before run.json recorded the spec: nothing to compare
+        if all(spec_differences(g.run_json["spec"], spec) for g in groups):
+            groups.append(run)
+    if len(groups) > 1:
+        first, other = groups[0], groups[1]
+        a, b = first.run_json["spec"], other.run_json["spec"]
+        same_as = lambda g: [r.run_dir.name for r in runs if isinstance(r.run_json.get("spec"), dict)
+                             and not spec_differences(g.run_json["spec"], r.run_json["spec"])]
+        more = f" ({len(groups) - 2} more specs besides)" if len(groups) > 2 else ""
+        raise ResultsError(
+            f"{results_dir}: runs of different specs cannot share one paired table: "
+            f"{', '.join(same_as(first))} and {', '.join(same_as(other))}{more} differ in "
+            f"{describe_differences(a, b, spec_differences(a, b))}. Keep one spec per results directory "
+            f"(`loadgen run --force-new-spec` moves old runs aside)")
 
 def write_summary(results_dir: str | os.PathLike) -> dict:
     """Rebuild summary.json in results_dir atomically (temp file + os.replace); return the dict."""

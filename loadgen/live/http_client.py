@@ -229,6 +229,12 @@ class PreflightError(RuntimeError):
     """The endpoint cannot run this experiment; the message says what to change."""
 
 
+# SGLang's /flush_cache refuses while requests run: retried every FLUSH_RETRY_INTERVAL_S of run
+# time, at most FLUSH_MAX_ATTEMPTS times (a minute of run time), then the flush is an error
+FLUSH_RETRY_INTERVAL_S = 0.5
+FLUSH_MAX_ATTEMPTS = 120
+
+
 @dataclass
 class EndpointOptions:
     url: str
@@ -384,13 +390,16 @@ class OpenAIEngineClient:
                 await self._json("POST", "/reset_prefix_cache?reset_running_requests=true", None)
                 self.flush_times_s.append(self.clock.now())
                 return self.flush_times_s[-1]
+            except TransportError as exc:
+                raise PreflightError(f"{self.base}/reset_prefix_cache: transport error: {exc}") from None
             except HttpStatusError as exc:
                 if exc.status != 404 or server == "vllm":
                     raise PreflightError(
                         f"{self.base}/reset_prefix_cache refused ({exc}); vLLM serves it only with "
                         "VLLM_SERVER_DEV_MODE=1 in the server's environment") from None
-        # SGLang refuses /flush_cache while requests run: retry until it is idle
-        while True:
+        # SGLang refuses /flush_cache while requests run: retry until it is idle, a bounded
+        # number of times on the run's clock (so a scaled run waits in run time, like its sessions)
+        for _attempt in range(FLUSH_MAX_ATTEMPTS):
             try:
                 await self._json("POST", "/flush_cache", None)
                 self.flush_times_s.append(self.clock.now())
@@ -398,7 +407,12 @@ class OpenAIEngineClient:
             except HttpStatusError as exc:
                 if exc.status == 404:
                     raise PreflightError(f"{self.base} has neither /reset_prefix_cache nor /flush_cache") from None
-                await asyncio.sleep(0.2)
+                last = exc
+            except TransportError as exc:
+                raise PreflightError(f"{self.base}/flush_cache: transport error: {exc}") from None
+            await self.clock.sleep(FLUSH_RETRY_INTERVAL_S)
+        raise PreflightError(f"{self.base}/flush_cache refused {FLUSH_MAX_ATTEMPTS} times, "
+                             f"{FLUSH_RETRY_INTERVAL_S:g} s of run time apart (last answer: {last})")
 
     # ---------------------------------------------------------------- preflight
     async def preflight(self, needed_context_tokens: int = 0, pool_tokens: Optional[int] = None) -> dict:
@@ -406,7 +420,14 @@ class OpenAIEngineClient:
         reported, pool size known. Raises PreflightError with what to fix."""
         try:
             models = await self._json("GET", "/v1/models")
-        except (TransportError, HttpStatusError) as exc:
+        except HttpStatusError as exc:
+            if exc.status == 404:
+                root = "/".join(self.base.split("/")[:3])  # scheme://host:port
+                hint = (f"; is {root} the server's base URL?" if root != self.base
+                        else "; is this an OpenAI-compatible server (vLLM, SGLang)?")
+                raise PreflightError(f"{self.base}/v1/models answered HTTP 404 (no such path){hint}") from None
+            raise PreflightError(f"{self.base}/v1/models failed: {exc}") from None
+        except TransportError as exc:
             raise PreflightError(f"{self.base} is not reachable: {exc}") from None
         served = [m.get("id") for m in (models or {}).get("data", [])]
         if self.model is None:

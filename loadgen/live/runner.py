@@ -60,6 +60,21 @@ def run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optional[Trans
     return _event_loop_runner()(_run_live(spec, key, Path(out_dir), transport, on_progress))
 
 
+def preflight_endpoint(spec: ExperimentSpec) -> dict:
+    """The preflight alone, once before an experiment's runs: PreflightError (what to fix) when the
+    endpoint cannot run this spec, so a dead or misconfigured server stops the experiment once
+    instead of failing every run."""
+
+    async def check() -> dict:
+        client = OpenAIEngineClient(WallClock(spec.time_scale), endpoint_options(spec.engine))
+        try:
+            return await client.preflight(max_context_tokens(spec), spec.engine.pool_tokens)
+        finally:
+            await client.close()
+
+    return _event_loop_runner()(check())
+
+
 def _event_loop_runner():
     """uvloop where installed (measured: lower driver CPU per turn and arrival lateness), else asyncio."""
     try:
