@@ -14,9 +14,10 @@ import yaml
 from .analysis.windows_table import write_windows
 from .core.runner import RunKey, completed_run, mark_interrupted, run_simulated
 from .core.same_spec import check_results_dir_spec
-from .core.spec import ExperimentSpec
+from .core.spec import ExperimentSpec, SpecError
 from .live.progress import LiveSnapshot
-from .live.runner import run_live
+from .live.http_client import PreflightError
+from .live.runner import preflight_endpoint, run_live
 
 
 def run_experiment(spec: ExperimentSpec, out_dir: Path, keys: list[RunKey], spec_dir: Optional[Path] = None,
@@ -33,6 +34,11 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path, keys: list[RunKey], spec
     A completed run also gets its windows.parquet (loadgen/analysis/windows_table.py).
     """
     out_dir = Path(out_dir)
+    if spec.engine.kind == "openai" and keys:
+        try:
+            preflight_endpoint(spec)
+        except PreflightError as exc:  # bad input (the endpoint given): one message, exit 2, no run
+            raise SpecError(f"{spec.engine.url}: preflight failed, no run started: {exc}") from None
     check_results_dir_spec(out_dir, spec)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
