@@ -1,0 +1,238 @@
+"""SGLang's radix cache, compressed: nodes are runs of tokens named by the streams they come from.
+
+SGLang (python/sglang/srt/mem_cache/radix_cache.py, 0.5.x) keeps every cached token in a radix
+tree whose nodes hold runs of token ids and their KV slots:
+
+* ``match_prefix`` walks from the root, stamps every node on the path with one access time
+  (``last_access_time``), and splits a node when the match ends inside it;
+* ``insert`` walks the same way (stamping and splitting) and hangs the unmatched rest of the key
+  under the last node as one new leaf; it returns how much of the key was already there, so the
+  caller frees its duplicate slots;
+* ``inc_lock_ref`` / ``dec_lock_ref`` walk from a node to the root; a node with ``lock_ref > 0`` is
+  protected, otherwise its tokens count as evictable;
+* ``evict(n)`` pops unreferenced leaves by least recent access (a heap), frees each whole node and
+  pushes its parent once that has no children left and no lock, until ``n`` tokens are freed;
+* with ``page_size > 1`` keys are compared and inserted in whole pages.
+
+Token ids are never materialised here. A request's tokens are its shared prefix (positions
+``[0, plen)`` of the prefix ``pid``, the same for every request naming it) followed by its own
+append-only stream ``own``. A node is a run ``[start, start + length)`` of positions; its first
+token decides which child slot it takes (``("p", pid)`` inside a prefix, ``("s", own)`` after
+it), and a node that runs past the end of its prefix carries the stream it continues into.
+That is everything needed to compare a node with a request's key, so a match or an insert costs
+one step per node on the path, not one per token.
+
+Access times are a counter bumped once per match or insert: ``time.monotonic()`` is increasing
+between calls in SGLang, and a counter gives the same order without reading a clock. Leaves are
+kept in a lazy heap (an entry is stale once its node is gone, locked, has children or was
+touched again); popping the valid entries gives exactly the order in which SGLang's heap,
+rebuilt from its leaf set on every ``evict``, would pop them, because no two evictable leaves
+ever share an access time (one call stamps one path, and a path holds at most one leaf).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Hashable, Optional
+
+
+class Node:
+    __slots__ = ("parent", "children", "start", "length", "pid", "plen", "own", "lock_ref", "access", "alive", "nid")
+
+    def __init__(self, parent: Optional["Node"], start: int, length: int, pid: Hashable, plen: int,
+                 own: Hashable, access: int, nid: int) -> None:
+        self.parent = parent
+        self.children: dict = {}
+        self.start = start
+        self.length = length
+        self.pid = pid  # the prefix the run starts in (None: the run starts in a stream's own tokens)
+        self.plen = plen  # that prefix's length in tokens
+        self.own = own  # the own stream the run covers past the prefix (None: it ends inside the prefix)
+        self.lock_ref = 0
+        self.access = access
+        self.alive = True
+        self.nid = nid
+
+    @property
+    def key(self) -> tuple:
+        return ("p", self.pid) if self.start < self.plen else ("s", self.own)
+
+    def __repr__(self) -> str:
+        return (f"Node({self.key}, [{self.start}, {self.start + self.length}), lock={self.lock_ref}, "
+                f"access={self.access})")
+
+
+class RadixCache:
+    """The tree and its token accounting (``evictable_size`` and ``protected_size`` as SGLang's)."""
+
+    def __init__(self, page_size: int = 1) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.page_size = page_size
+        self._ids = itertools.count()
+        self.reset()
+
+    def reset(self) -> None:
+        self.clock = 0
+        self.root = Node(None, 0, 0, None, 0, None, 0, next(self._ids))
+        self.root.lock_ref = 1  # as SGLang's root: never evictable
+        self.evictable_size = 0
+        self.protected_size = 0
+        self._heap: list = []
+        self.num_nodes = 0
+
+    # ------------------------------------------------------------------ key comparison
+    @staticmethod
+    def _child_key(pos: int, pid: Hashable, plen: int, own: Hashable) -> tuple:
+        return ("p", pid) if pos < plen else ("s", own)
+
+    @staticmethod
+    def _common(node: Node, pid: Hashable, plen: int, own: Hashable, limit: int) -> int:
+        """How many tokens of ``node`` the key (pid, plen, own) shares, at most ``limit``.
+
+        The caller found ``node`` under the key's first token, so they agree at ``node.start``."""
+        n = node.length
+        if node.start < node.plen and node.own is not None and node.own != own:
+            n = node.plen - node.start  # the same prefix, then another stream's tokens
+        return n if n < limit else limit
+
+    def _page_floor(self, n: int) -> int:
+        return n - n % self.page_size if self.page_size > 1 else n
+
+    # ------------------------------------------------------------------ match / insert
+    def match_prefix(self, pid: Hashable, plen: int, own: Hashable, key_len: int) -> tuple[int, Node]:
+        """Longest cached prefix of the first ``key_len`` tokens: (tokens, last node). Stamps the path."""
+        self.clock += 1
+        stamp = self.clock
+        node = self.root
+        node.access = stamp
+        key_len = self._page_floor(key_len)
+        pos = 0
+        while pos < key_len:
+            child = node.children.get(self._child_key(pos, pid, plen, own))
+            if child is None:
+                break
+            child.access = stamp
+            self._maybe_push(child)
+            n = self._page_floor(self._common(child, pid, plen, own, key_len - pos))
+            if n < child.length:
+                if n > 0:
+                    node = self._split(child, n)
+                    pos += n
+                break
+            pos += n
+            node = child
+        return pos, node
+
+    def insert(self, pid: Hashable, plen: int, own: Hashable, key_len: int) -> int:
+        """Insert the first ``key_len`` tokens (page-aligned); returns how many were already cached."""
+        self.clock += 1
+        stamp = self.clock
+        node = self.root
+        node.access = stamp
+        key_len = self._page_floor(key_len)
+        pos = 0
+        while pos < key_len:
+            child = node.children.get(self._child_key(pos, pid, plen, own))
+            if child is None:
+                break
+            child.access = stamp
+            self._maybe_push(child)
+            n = self._page_floor(self._common(child, pid, plen, own, key_len - pos))
+            pos += n
+            if n < child.length:
+                node = self._split(child, n)
+                break  # the rest of the key differs from the rest of the child
+            node = child
+        existing = pos
+        if pos < key_len:
+            new = Node(node, pos, key_len - pos, pid if pos < plen else None, plen if pos < plen else 0,
+                       own if key_len > plen else None, stamp, next(self._ids))
+            node.children[new.key] = new
+            self.num_nodes += 1
+            self.evictable_size += new.length
+            self._maybe_push(new)
+        return existing
+
+    def _split(self, child: Node, n: int) -> Node:
+        """SGLang's _split_node: a new node for the first ``n`` tokens of ``child``, above it."""
+        parent = child.parent
+        top = Node(parent, child.start, n, child.pid, child.plen,
+                   child.own if child.start + n > child.plen else None, child.access, next(self._ids))
+        top.lock_ref = child.lock_ref
+        del parent.children[child.key]
+        child.start += n
+        child.length -= n
+        if child.start >= child.plen:
+            child.pid, child.plen = None, 0
+        parent.children[top.key] = top
+        top.children[child.key] = child
+        child.parent = top
+        self.num_nodes += 1
+        return top
+
+    # ------------------------------------------------------------------ locks
+    def inc_lock_ref(self, node: Node) -> None:
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self.evictable_size -= node.length
+                self.protected_size += node.length
+            node.lock_ref += 1
+            node = node.parent
+
+    def dec_lock_ref(self, node: Node) -> None:
+        while node is not self.root:
+            if node.lock_ref == 1:
+                self.evictable_size += node.length
+                self.protected_size -= node.length
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._maybe_push(node)
+            node = node.parent
+
+    # ------------------------------------------------------------------ eviction
+    def _maybe_push(self, node: Node) -> None:
+        if node.lock_ref == 0 and not node.children:
+            heapq.heappush(self._heap, (node.access, node.nid, node))
+            if len(self._heap) > 4 * self.num_nodes + 64:
+                self._compact()
+
+    def _compact(self) -> None:
+        seen = set()
+        live = []
+        for entry in self._heap:
+            node = entry[2]
+            if _valid(entry) and node.nid not in seen:
+                seen.add(node.nid)
+                live.append(entry)
+        heapq.heapify(live)
+        self._heap = live
+
+    def evict(self, num_tokens: int) -> int:
+        """Free unreferenced leaves, least recently used first, until ``num_tokens`` are freed;
+        returns the tokens freed (whole nodes, so possibly more)."""
+        freed = 0
+        heap = self._heap
+        while freed < num_tokens and heap:
+            entry = heapq.heappop(heap)
+            if not _valid(entry):
+                continue
+            node = entry[2]
+            freed += node.length
+            parent = node.parent
+            del parent.children[node.key]
+            node.alive = False
+            self.num_nodes -= 1
+            self.evictable_size -= node.length
+            if not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (parent.access, parent.nid, parent))
+        return freed
+
+    def total_size(self) -> int:
+        return self.evictable_size + self.protected_size
+
+
+def _valid(entry: tuple) -> bool:
+    access, _, node = entry
+    return node.alive and node.lock_ref == 0 and not node.children and node.access == access

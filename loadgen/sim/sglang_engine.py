@@ -1,0 +1,723 @@
+"""The simulated engine, SGLang flavour: SGLang 0.5.x's scheduler over its radix cache.
+
+One iteration of SGLang's event loop (python/sglang/srt/managers/scheduler.py, the non-overlap
+loop) runs either a prefill batch or a decode batch, never both:
+
+1. ``get_new_batch_prefill``: skipped while the running batch is marked full (set when a
+   request could not be admitted, cleared when the running batch shrinks) unless a chunked
+   prefill is in progress. The chunked request's next chunk goes first, then the waiting queue
+   in policy order (``fcfs``: arrival order, each candidate matched against the tree when it is
+   considered; ``lpm``: every waiting request matched and sorted by longest match, requests
+   sharing an uncached prefix with an earlier one deferred, fcfs above 128 waiting). The
+   ``PrefillAdder`` (managers/schedule_policy.py) admits a request while
+   ``extend + min(max_new, 4096) < available + evictable - reserved``, where ``reserved`` is
+   what the batch already took plus ``new_token_ratio x`` the remaining output of every running
+   request, its matched prefix locked meanwhile; it stops at the first refusal. A request
+   longer than the chunk budget is truncated to it (chunked prefill) and continues next time.
+2. Otherwise ``update_running_batch``: if the pool (after evicting leaves) cannot give every
+   running request one slot, ``retract_decode`` retracts requests (fewest outputs first, then
+   longest input), frees their uncached slots and sets ``new_token_ratio`` to
+   ``(decoded + 20 x running) / max_new`` of those left; else the ratio decays by
+   ``(init - min) / 600`` per step down to ``min = 0.14 x init``. Retracted requests go to the
+   back of the waiting queue and are recomputed from what the tree still holds.
+3. Prefilled requests insert their prompt into the tree (``cache_unfinished_req``) and lock it;
+   finished requests insert prompt + output (except the last token) and unlock
+   (``cache_finished_req``). ``cached_tokens`` adds up each (re)admission's match, as SGLang's
+   ``meta_info`` reports it.
+
+Why it is fast. Every running request takes part in every decode step, so the running batch is
+kept as aggregates (count, sum of contexts, a heap of finish steps) and a stretch of decode
+steps in which nothing can change (no admission is possible or attempted, the pool holds a
+slot per request for every step, nobody finishes before its end) is committed in closed form,
+its duration a quadratic in its length, as in the vLLM flavour. The radix tree is compressed
+(loadgen/sim/radix_cache.py). tests/sim/reference_sglang.py does all of this literally, token
+by token; tests/sim/test_differential_sglang.py checks that both agree.
+
+Time, callbacks and ``advance_to``/``next_wakeup`` follow loadgen/sim/engine.py. A flush
+(``/flush_cache``) is refused while any request is in the engine: ``flush`` applies it at the
+first moment the engine is idle (a client retrying it), ``try_flush`` answers at once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Hashable, Optional
+
+from .cost import StepCostModel
+from .engine import FINISHED, RUNNING, WAITING, SimRequest
+from .kv_pool import Stream
+from .radix_cache import RadixCache
+
+IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32  # schedule_policy.py
+IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = 32
+LPM_FALLBACK_QUEUE_LEN = 128  # lpm turns into fcfs above this many waiting requests
+NO_TOKEN, OTHER, CONTINUE = "no_token", "other", "continue"
+
+
+@dataclass(frozen=True)
+class SGLangConfig:
+    """SGLang's server arguments that shape caching and scheduling (its names and defaults)."""
+
+    pool_tokens: int  # max_total_num_tokens
+    page_size: int = 1
+    chunked_prefill_size: int = 8192
+    max_prefill_tokens: int = 16384
+    max_running_requests: int = 1024
+    max_model_len: int = 40960  # context_len
+    schedule_policy: str = "fcfs"
+    init_new_token_ratio: float = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO x schedule_conservativeness 1.0
+    min_new_token_ratio_factor: float = 0.14
+    new_token_ratio_decay_steps: int = 600
+    retract_decode_steps: int = 20
+    clip_max_new_tokens: int = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+    enable_prefix_caching: bool = True
+
+    @property
+    def block_size(self) -> int:
+        return self.page_size
+
+    @property
+    def min_new_token_ratio(self) -> float:
+        return min(self.init_new_token_ratio * self.min_new_token_ratio_factor, 1.0)
+
+    @property
+    def new_token_ratio_decay(self) -> float:
+        return (self.init_new_token_ratio - self.min_new_token_ratio) / self.new_token_ratio_decay_steps
+
+
+class _Req:
+    """SGLang's per-request scheduling state next to the public ``SimRequest``."""
+
+    __slots__ = ("req", "pid", "plen", "own", "generated", "prefix_len", "last_node", "kv_len",
+                 "already_computed", "cached_tokens", "protected", "order", "d0", "kv0", "gen0", "match_len", "match_node",
+                 "last_token_s", "max_gap_s", "in_running")
+
+    def __init__(self, req: SimRequest, pid, plen: int, own) -> None:
+        self.req = req
+        self.pid, self.plen, self.own = pid, plen, own
+        self.generated = 0  # len(output_ids)
+        self.prefix_len = 0  # len(prefix_indices): where the next extend starts
+        self.protected = 0  # cache_protected_len: the page-aligned part of it that is in the tree
+        self.last_node = None
+        self.kv_len = 0  # tokens with KV slots (seq_len)
+        self.already_computed = 0
+        self.cached_tokens = 0
+        self.order = 0  # position in the running batch
+        self.d0 = self.kv0 = self.gen0 = 0
+        self.match_len = 0
+        self.match_node = None
+        self.last_token_s: Optional[float] = None
+        self.max_gap_s = math.nan
+        self.in_running = False
+
+    @property
+    def fill_len(self) -> int:
+        return self.req.num_prompt_tokens + self.generated
+
+    def __repr__(self) -> str:
+        return f"_Req({self.req.request_id!r}, gen={self.generated}, kv={self.kv_len}, prefix={self.prefix_len})"
+
+
+class SGLangEngine:
+    """SGLang in simulated time. See the module docstring."""
+
+    flavor = "sglang"
+
+    def __init__(self, config: SGLangConfig, cost: StepCostModel) -> None:
+        if not config.enable_prefix_caching:
+            raise ValueError("the sglang flavour models the radix cache; --disable-radix-cache (enable_prefix_caching "
+                             "false) schedules ignore_eos requests by another rule that is not modelled")
+        if config.schedule_policy not in ("fcfs", "lpm"):
+            raise ValueError(f"schedule_policy must be fcfs or lpm, got {config.schedule_policy!r}")
+        if min(config.chunked_prefill_size, config.max_prefill_tokens, config.max_running_requests,
+               config.page_size) < 1:
+            raise ValueError("page_size, chunked_prefill_size, max_prefill_tokens and max_running_requests must be >= 1")
+        self.config = config
+        self.cost = cost
+        self.block_size = config.page_size
+        self.page = config.page_size
+        self.tree = RadixCache(config.page_size)
+        self.total_tokens = config.pool_tokens
+        self.available = config.pool_tokens
+        self.streams: dict[Hashable, Stream] = {}
+        self.state: dict[SimRequest, _Req] = {}
+        self.waiting: list[_Req] = []
+        self.running: dict[_Req, None] = {}  # the running batch, in its order
+        self.chunked: Optional[_Req] = None
+        self.batch_is_full = False
+        self._shrunk = False  # the running batch lost a request in the last decode step (filtered next decode)
+        self.ratio_base = config.init_new_token_ratio
+        self.ratio_steps = 0
+        self.decay = config.new_token_ratio_decay
+        self.min_ratio = config.min_new_token_ratio
+        self.decode_index = 0  # D: decode steps so far
+        self._ctx_const = 0  # sum over running of kv0 - d0: their KV is this + n x D
+        self._finish_heap: list = []  # (decode step of the last token, order, _Req)
+        self._order = 0
+        self._joined: list[_Req] = []  # joined the running batch since the last decode step
+        self._gap_idx: list[int] = []  # decode steps with a gap no later step exceeds (monotone stack)
+        self._gap_val: list[float] = []
+        self._last_decode_end: Optional[float] = None
+        self._inflight_end: Optional[float] = None
+        self._next_start: Optional[float] = None
+        self._done: list[SimRequest] = []
+        self._first: list[SimRequest] = []
+        self._flush_pending = False
+        self.flush_times_s: list[float] = []
+        # counters: sglang:prompt_tokens_total / cached_tokens_total move when a request finishes
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.num_preemptions = 0  # retractions
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.num_steps = 0
+
+    # ------------------------------------------------------------------ public surface
+    def stream(self, key: Hashable, base_tokens: int = 0) -> Stream:
+        """The stream for ``key``; its own tokens start after ``base_tokens`` shared tokens
+        (whole pages of them: a page holding both is the stream's own)."""
+        base = base_tokens - base_tokens % self.page
+        stream = self.streams.get(key)
+        if stream is None:
+            stream = self.streams[key] = Stream(key, base)
+        elif stream.base != base:
+            raise ValueError(f"stream {key!r} was used after {stream.base} shared tokens, now after {base}")
+        return stream
+
+    def prefix_stream(self, key: Hashable, num_tokens: int) -> Stream:
+        """The shared prefix ``key`` of ``num_tokens`` tokens (its whole pages): one prompt of one length."""
+        aligned = num_tokens - num_tokens % self.page
+        full_key = ("prefix", key, aligned)
+        stream = self.streams.get(full_key)
+        if stream is None:
+            stream = self.streams[full_key] = Stream(full_key, 0, aligned)
+        return stream
+
+    def validate(self, num_prompt_tokens: int, max_tokens: int) -> Optional[str]:
+        """Why SGLang would reject this request up front, or None."""
+        if num_prompt_tokens < 1 or max_tokens < 1:
+            return f"prompt_tokens and max_tokens must be >= 1 (got {num_prompt_tokens}, {max_tokens})"
+        total = num_prompt_tokens + max_tokens
+        if total > self.config.max_model_len:
+            return (f"Requested token count exceeds the model's maximum context length of "
+                    f"{self.config.max_model_len} tokens. You requested a total of {total} tokens: "
+                    f"{num_prompt_tokens} tokens from the input messages and {max_tokens} tokens for the completion.")
+        if total >= self.total_tokens:
+            return f"the request needs {total} tokens of KV but the pool holds {self.total_tokens}"
+        return None
+
+    def submit(self, request: SimRequest, now_s: float) -> None:
+        reason = self.validate(request.num_prompt_tokens, request.max_tokens)
+        if reason is not None:
+            raise ValueError(reason)
+        prefix = request.prefix
+        own = request.stream
+        if prefix is not None and prefix.num_blocks != own.base:
+            raise ValueError(f"prefix {prefix.key!r} holds {prefix.num_blocks} tokens but this request's own tokens "
+                             f"start after {own.base}: a prefix names one prompt of one length (prefix_stream())")
+        if prefix is None and own.base:
+            raise ValueError(f"stream {own.key!r} starts after {own.base} shared tokens but the request names no prefix")
+        self.advance_to(now_s)
+        request.arrival_s = now_s
+        self.prompt_tokens_total += request.num_prompt_tokens
+        r = _Req(request, prefix, own.base if prefix is not None else 0, own)
+        self.state[request] = r
+        self.waiting.append(r)
+        if self._inflight_end is None:
+            self._next_start = now_s
+            self.advance_to(now_s)
+
+    def flush(self, now_s: float) -> None:
+        """/flush_cache, retried until the engine is idle: applied at the first idle moment."""
+        self.advance_to(now_s)
+        if not self.try_flush(now_s):
+            self._flush_pending = True
+
+    def try_flush(self, now_s: float) -> bool:
+        """/flush_cache once: False (HTTP 400) while any request is waiting or running."""
+        self.advance_to(now_s)
+        if self._inflight_end is not None or self.waiting or self.running or self.chunked is not None:
+            return False
+        self._apply_flush(now_s)
+        return True
+
+    def advance_to(self, t_s: float) -> None:
+        """Commit every step starting at or before ``t_s``; deliver requests finished by then."""
+        while True:
+            end = self._inflight_end
+            if end is not None:
+                if end > t_s:
+                    return
+                self._inflight_end = None
+                self._next_start = end
+                if self._first:
+                    first, self._first = self._first, []
+                    for req in first:
+                        req.on_first_token(req)
+                if self._done:
+                    done, self._done = self._done, []
+                    for req in done:
+                        req.finish_s = end
+                        if req.on_done is not None:
+                            req.on_done(req)
+            if not self.running and not self.waiting and self.chunked is None:
+                if self._flush_pending and self._next_start is not None:
+                    self._apply_flush(self._next_start)
+                self._next_start = None
+                return
+            start = self._next_start
+            if self._can_stretch():
+                num_steps = self._stretch_len(start, t_s)
+                if num_steps:
+                    self._commit_decode(start, num_steps)
+                    continue
+            self._step(start)
+
+    def next_wakeup(self) -> Optional[float]:
+        end = self._inflight_end
+        if end is None:
+            return None
+        if self._done or self._first or not self._can_stretch():
+            return end
+        num_steps = self._stretch_len(end, None)
+        if num_steps == 0:
+            return end
+        alpha, beta = self._decode_coeffs()
+        return end + alpha * num_steps + beta * num_steps * (num_steps - 1)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.state) - len(self.waiting)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def kv_usage(self) -> float:
+        """sglang:token_usage: evictable tokens count as free."""
+        return 1.0 - (self.available + self.tree.evictable_size) / self.total_tokens
+
+    @property
+    def new_token_ratio(self) -> float:
+        # the ratio after ``ratio_steps`` decays from ``ratio_base`` (a retraction's estimate or the
+        # initial value); written in closed form so a stretch of decode steps moves it in O(1)
+        if self.ratio_steps == 0:
+            return self.ratio_base
+        return max(self.ratio_base - self.ratio_steps * self.decay, self.min_ratio)
+
+    def check_invariants(self) -> None:
+        """Every slot is free, in the tree, or held uncached by a request in the engine."""
+        held = sum((r.kv0 + self.decode_index - r.d0 if r.in_running else r.kv_len) - r.protected
+                   for r in self.state.values())
+        assert self.available + self.tree.total_size() + held == self.total_tokens, (
+            self.available, self.tree.total_size(), held, self.total_tokens)
+
+    # ------------------------------------------------------------------ decode aggregates
+    def _decode_coeffs(self) -> tuple[float, float]:
+        """Decode step i from D lasts alpha + 2 * beta * i (its requests' KV includes the step's token)."""
+        c = self.cost
+        n = len(self.running)
+        ctx = self._ctx_const + n * (self.decode_index + 1)
+        return c.t0_s + c.a_s_per_token * n + c.g_s_per_token * ctx, c.g_s_per_token * n / 2.0
+
+    def _join(self, r: _Req) -> None:
+        r.in_running = True
+        r.order = self._order
+        self._order += 1
+        r.d0, r.kv0, r.gen0 = self.decode_index, r.kv_len, r.generated
+        self._ctx_const += r.kv0 - r.d0
+        self.running[r] = None
+        self._joined.append(r)
+        heapq.heappush(self._finish_heap, (r.d0 + r.req.max_tokens - r.gen0 - 1, r.order, r))
+
+    def _leave(self, r: _Req) -> None:
+        """Out of the running batch, its KV and outputs brought up to date."""
+        steps = self.decode_index - r.d0
+        r.kv_len = r.kv0 + steps
+        r.generated = r.gen0 + steps
+        self._ctx_const -= r.kv0 - r.d0
+        del self.running[r]
+        r.in_running = False
+        if steps:
+            r.last_token_s = self._last_decode_end
+            i = bisect.bisect_left(self._gap_idx, r.d0 + 1)
+            if i < len(self._gap_idx) and not self._gap_val[i] <= r.max_gap_s:
+                r.max_gap_s = self._gap_val[i]
+
+    def _push_gap(self, index: int, gap_s: float) -> None:
+        idx, val = self._gap_idx, self._gap_val
+        while val and val[-1] <= gap_s:
+            idx.pop()
+            val.pop()
+        idx.append(index)
+        val.append(gap_s)
+
+    # ------------------------------------------------------------------ decode stretches
+    def _can_stretch(self) -> bool:
+        return (bool(self.running) and self.chunked is None and not self._shrunk
+                and (not self.waiting or self.batch_is_full))
+
+    def _stretch_len(self, start_s: float, limit_s: Optional[float]) -> int:
+        heap = self._finish_heap
+        while heap and not _valid(heap[0]):
+            heapq.heappop(heap)
+        n = len(self.running)
+        num_steps = min(heap[0][0] - self.decode_index + 1, self.available // n)
+        if num_steps <= 0:
+            return 0
+        if limit_s is not None and num_steps > 1:
+            alpha, beta = self._decode_coeffs()
+            budget = limit_s - start_s
+            if alpha > 0:
+                if beta > 0:
+                    b1 = alpha - beta
+                    i = int((-b1 + math.sqrt(b1 * b1 + 4 * beta * max(budget, 0.0))) / (2 * beta))
+                else:
+                    i = int(max(budget, 0.0) / alpha)
+                while i > 0 and alpha * i + beta * i * (i - 1) > budget:
+                    i -= 1
+                while i + 1 < num_steps and alpha * (i + 1) + beta * (i + 1) * i <= budget:
+                    i += 1
+                num_steps = min(num_steps, i + 1)
+        return num_steps
+
+    def _commit_decode(self, start_s: float, num_steps: int) -> None:
+        """``num_steps`` decode steps of the whole running batch (its slots are free)."""
+        n = len(self.running)
+        self.available -= n * num_steps
+        alpha, beta = self._decode_coeffs()
+        end = start_s + alpha * num_steps + beta * num_steps * (num_steps - 1)
+        first_end = start_s + alpha
+        d = self.decode_index
+        for r in self._joined:
+            if r.in_running and r.last_token_s is not None:
+                gap = first_end - r.last_token_s
+                if not gap <= r.max_gap_s:
+                    r.max_gap_s = gap
+        self._joined.clear()
+        if self._last_decode_end is not None:
+            self._push_gap(d, first_end - self._last_decode_end)
+        if num_steps > 1:
+            self._push_gap(d + num_steps - 1, alpha + 2 * beta * (num_steps - 1))
+        self._last_decode_end = end
+        self.decode_index = d + num_steps
+        self.ratio_steps += num_steps
+        self.num_steps += num_steps
+        self.generation_tokens_total += n * num_steps
+        self._inflight_end = end
+        last = d + num_steps - 1
+        heap = self._finish_heap
+        finishing = []
+        while heap:
+            entry = heap[0]
+            if not _valid(entry):
+                heapq.heappop(heap)
+                continue
+            if entry[0] != last:
+                if entry[0] < last:
+                    raise AssertionError(f"{entry[2]!r} should have finished at decode step {entry[0]} < {last}")
+                break
+            heapq.heappop(heap)
+            finishing.append(entry[2])
+        if finishing:
+            for r in sorted(finishing, key=lambda x: x.order):  # the batch's order
+                self._leave(r)
+                self._finish(r)
+            self._shrunk = True
+
+    # ------------------------------------------------------------------ one iteration
+    def _step(self, start_s: float) -> None:
+        batch = self._get_new_batch_prefill()
+        if batch:
+            self._run_prefill(start_s, batch)
+            return
+        if not self.running:
+            # update_running_batch on an empty batch clears the full mark; the next iteration admits
+            self._shrunk = False
+            if self.batch_is_full:
+                self.batch_is_full = False
+                batch = self._get_new_batch_prefill()
+                if batch:
+                    self._run_prefill(start_s, batch)
+                    return
+            raise AssertionError(f"nothing runs and nothing can be admitted: {self.waiting[:3]}")
+        self._update_running_batch()
+        self._commit_decode(start_s, 1)
+
+    def _update_running_batch(self) -> None:
+        """Filter finished requests (done when they finished), check memory, retract or decay."""
+        shrunk, self._shrunk = self._shrunk, False
+        if not self._check_decode_mem(len(self.running)):
+            self._retract_decode()
+            shrunk = True
+        if shrunk:
+            self.batch_is_full = False
+
+    def _check_decode_mem(self, num_tokens: int) -> bool:
+        if self.available < num_tokens:
+            self.available += self.tree.evict(num_tokens)
+        return self.available >= num_tokens
+
+    def _retract_decode(self) -> None:
+        """Retract until one slot per remaining request is free (SGLang's retract_decode)."""
+        cfg = self.config
+        batch = list(self.running)
+        for r in batch:
+            self._leave(r)  # bring every request's counts up to date; those kept rejoin below
+        order = sorted(batch, key=lambda r: (r.generated, -r.req.num_prompt_tokens), reverse=True)
+        retracted = []
+        first = True
+        while first or not self._check_decode_mem(len(order)):
+            if len(order) == 1:
+                if self.available <= 0:
+                    raise RuntimeError("No space left for only one request")
+                break
+            first = False
+            r = order.pop()
+            retracted.append(r)
+            self._release(r, len(order) * cfg.retract_decode_steps)
+        for r in order:  # the batch keeps the sorted order (filter_batch(keep_indices))
+            self._join(r)
+        decoded = sum(r.generated for r in order)
+        max_new = sum(r.req.max_tokens for r in order)
+        self.ratio_base = min(1.0, (decoded + cfg.retract_decode_steps * len(order)) / max_new)
+        self.ratio_steps = -1  # _commit_decode counts every step; this one sets the ratio instead of decaying it
+        for r in retracted:
+            r.req.state = WAITING
+            r.req.num_preemptions += 1
+            self.num_preemptions += 1
+            self.waiting.append(r)
+
+    def _release(self, r: _Req, evict_tokens: int) -> None:
+        """release_req: free the request's uncached slots, unlock its prefix, reset it for retraction."""
+        self.available += r.kv_len - r.protected
+        if r.last_node is not None:
+            self.tree.dec_lock_ref(r.last_node)
+        if self.available < evict_tokens:
+            self.available += self.tree.evict(evict_tokens)
+        r.prefix_len = r.protected = 0
+        r.last_node = None
+        r.kv_len = 0
+        r.already_computed = 0
+
+    # ------------------------------------------------------------------ prefill
+    def _get_new_batch_prefill(self) -> list:
+        cfg = self.config
+        if (self.batch_is_full or not self.waiting) and self.chunked is None:
+            return []
+        running_bs = len(self.running)
+        if cfg.max_running_requests - running_bs <= 0 and self.chunked is None:
+            self.batch_is_full = True
+            return []
+        prefix_computed = False
+        if cfg.schedule_policy == "lpm" and len(self.waiting) <= LPM_FALLBACK_QUEUE_LEN:
+            self._sort_by_longest_prefix()
+            prefix_computed = True
+        ratio = self.new_token_ratio
+        clip = cfg.clip_max_new_tokens
+        tree = self.tree
+        self._rem_total_offset = sum(min(r.req.max_tokens - (r.gen0 + self.decode_index - r.d0), clip) * ratio
+                                     for r in self.running)
+        self._cur_offset = 0
+        self._rem_input = cfg.max_prefill_tokens
+        self._rem_chunk = cfg.chunked_prefill_size
+        batch = []  # (request, tokens to extend, truncated)
+        chunked = self.chunked
+        if chunked is not None:
+            extend = chunked.fill_len - chunked.prefix_len
+            truncated = extend > self._rem_chunk
+            extend = min(extend, self._rem_chunk)
+            self._charge(extend, min(chunked.req.max_tokens, clip) if not truncated else 0)
+            batch.append((chunked, extend, truncated))
+            self.chunked = chunked if truncated else None
+        new_chunked = None
+        admitted = []
+        for r in self.waiting:
+            if len(admitted) + (chunked is not None) >= cfg.max_running_requests - running_bs:
+                self.batch_is_full = True
+                break
+            if not prefix_computed:
+                r.match_len, r.match_node = tree.match_prefix(r.pid, r.plen, r.own, r.fill_len - 1)
+            res, item = self._add_one_req(r, len(batch))
+            if item is not None:
+                batch.append(item)
+                admitted.append(r)
+                if item[2]:
+                    new_chunked = r
+            if res != CONTINUE:
+                if res == NO_TOKEN:
+                    self.batch_is_full = True
+                break
+        if admitted:
+            taken = set(admitted)
+            self.waiting = [r for r in self.waiting if r not in taken]
+        if new_chunked is not None:
+            self.chunked = new_chunked
+        return batch
+
+    def _charge(self, extend: int, max_new: int) -> None:
+        extend = -(-extend // self.page) * self.page
+        self._rem_total_offset += extend + max_new
+        self._cur_offset += extend
+        self._rem_input -= extend
+        self._rem_chunk -= extend
+
+    def _rem_total(self) -> float:
+        return self.available + self.tree.evictable_size - self._rem_total_offset
+
+    def _budget_state(self) -> str:
+        free = self.available + self.tree.evictable_size
+        if free - self._rem_total_offset <= 0 or free - self._cur_offset <= 0:
+            return NO_TOKEN
+        if self._rem_input <= 0 or self._rem_chunk <= 0:
+            return OTHER
+        return CONTINUE
+
+    def _add_one_req(self, r: _Req, batch_len: int) -> tuple[str, Optional[tuple]]:
+        """PrefillAdder.add_one_req: (verdict, (request, extend, truncated) or None)."""
+        tree = self.tree
+        clip = self.config.clip_max_new_tokens
+        max_new = min(r.req.max_tokens - r.generated, clip)
+        extend = r.fill_len - r.match_len
+        total_tokens = extend + max_new
+        input_tokens = -(-extend // self.page) * self.page
+        node = r.match_node
+        tree.inc_lock_ref(node)  # _lock_node: the matched prefix is not evictable meanwhile
+        try:
+            if total_tokens >= self._rem_total():
+                return NO_TOKEN, None
+            if input_tokens >= self._rem_input and batch_len:
+                return OTHER, None
+            if input_tokens <= self._rem_chunk:
+                item = (r, extend, False)
+                self._charge(extend, max_new)
+            else:
+                trunc = self._rem_chunk - self._rem_chunk % self.page
+                if trunc <= 0:
+                    return OTHER, None
+                item = (r, trunc, True)
+                self._charge(trunc, 0)
+            tree.inc_lock_ref(node)
+            r.prefix_len = r.protected = r.match_len
+            r.last_node = node
+        finally:
+            tree.dec_lock_ref(node)
+        r.req.state = RUNNING
+        return self._budget_state(), item
+
+    def _sort_by_longest_prefix(self) -> None:
+        """SchedulePolicy.calc_priority for lpm: match every waiting request, defer in-batch sharers."""
+        tree = self.tree
+        inserted: set = set()
+        deferred: set = set()
+        for r in self.waiting:
+            r.match_len, r.match_node = tree.match_prefix(r.pid, r.plen, r.own, r.fill_len - 1)
+            if r.match_len <= IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD:
+                # the in-batch tree holds earlier waiting requests' tokens: another request shares
+                # exactly this one's prefix (sessions share nothing else)
+                if r.pid is not None and r.pid in inserted and r.plen >= IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD:
+                    deferred.add(r)
+                elif r.pid is not None:
+                    inserted.add(r.pid)
+        self.waiting.sort(key=lambda r: math.inf if r in deferred else -r.match_len)
+
+    def _run_prefill(self, start_s: float, batch: list) -> None:
+        total = sum(extend for _, extend, _ in batch)
+        if self.available < total:
+            self.available += self.tree.evict(total)
+        if self.available < total:
+            raise RuntimeError(f"Prefill out of memory: {total} tokens to extend, {self.available} free "
+                               f"(SGLang's alloc_token_slots fails the same way)")
+        self.available -= total
+        attention = 0.0
+        for r, extend, _ in batch:
+            r.cached_tokens += r.prefix_len - r.already_computed
+            r.kv_len = r.prefix_len + extend
+            r.already_computed = r.kv_len
+            attention += extend * (r.prefix_len + extend / 2)
+        end = start_s + self.cost.step_time(total, attention, 0.0)
+        self._inflight_end = end
+        self.num_steps += 1
+        chunk_left = None
+        finished_any = False
+        for r, extend, truncated in batch:
+            if truncated:
+                chunk_left = r  # cached at the next iteration's start, after this batch's results
+                continue
+            req = r.req
+            r.generated += 1
+            self.generation_tokens_total += 1
+            if req.first_token_s is None:
+                req.first_token_s = end
+                if req.on_first_token is not None:
+                    self._first.append(req)
+            elif r.last_token_s is not None:  # resumed after a retraction
+                gap = end - r.last_token_s
+                if not gap <= r.max_gap_s:
+                    r.max_gap_s = gap
+            r.last_token_s = end
+            if r.generated >= req.max_tokens:
+                self._finish(r)
+                finished_any = True
+            else:
+                self._cache_unfinished(r)
+                self._join(r)
+        if chunk_left is not None:
+            self._cache_unfinished(chunk_left)
+        if finished_any:
+            self.batch_is_full = False
+
+    # ------------------------------------------------------------------ the tree and requests
+    def _cache_unfinished(self, r: _Req) -> None:
+        tree = self.tree
+        aligned = r.kv_len - r.kv_len % self.page
+        new_prefix_len = tree.insert(r.pid, r.plen, r.own, aligned)
+        if new_prefix_len > r.protected:
+            self.available += new_prefix_len - r.protected  # duplicates of what another request cached
+        _, node = tree.match_prefix(r.pid, r.plen, r.own, aligned)
+        if r.last_node is not None:
+            tree.dec_lock_ref(r.last_node)
+        tree.inc_lock_ref(node)
+        r.protected = aligned
+        r.prefix_len = r.kv_len  # the unaligned tail stays the request's own, still computed
+        r.last_node = node
+
+    def _finish(self, r: _Req) -> None:
+        """cache_finished_req: prompt + output but the last token into the tree, the lock dropped."""
+        tree = self.tree
+        aligned = r.kv_len - r.kv_len % self.page
+        new_prefix_len = tree.insert(r.pid, r.plen, r.own, aligned)
+        if new_prefix_len > r.protected:
+            self.available += new_prefix_len - r.protected
+        self.available += r.kv_len - aligned
+        if r.last_node is not None:
+            tree.dec_lock_ref(r.last_node)
+        r.prefix_len = r.protected = r.kv_len = 0
+        r.last_node = None
+        req = r.req
+        req.generated = r.generated
+        req.num_cached_tokens = r.cached_tokens
+        req.last_token_s = r.last_token_s
+        req.max_token_gap_s = r.max_gap_s
+        req.state = FINISHED
+        self.prefix_cache_queries += req.num_prompt_tokens
+        self.prefix_cache_hits += r.cached_tokens
+        del self.state[req]
+        self._done.append(req)
+
+    def _apply_flush(self, now_s: float) -> None:
+        self._flush_pending = False
+        self.tree.reset()
+        self.available = self.total_tokens
+        self.ratio_base = self.config.init_new_token_ratio
+        self.ratio_steps = 0
+        self.flush_times_s.append(now_s)
+
+
+def _valid(entry: tuple) -> bool:
+    """A finish-heap entry is stale once its request left the running batch (it rejoins with a new order)."""
+    _, order, r = entry
+    return r.in_running and r.order == order
