@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import json
 import subprocess
 import sys
 import threading
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 from actors.cluster import ClusterUnreachable, check_answers
+from loadgen.core.spec import parse_spec
 from tests.conftest import make_spec_dict
 from tests.servers import free_port
 
@@ -98,3 +100,17 @@ def test_a_live_ray_head_answers_the_probe(ray_local):
     gcs = ray_local.get_runtime_context().gcs_address
     check_answers(gcs)  # the GCS's own address
     check_answers("127.0.0.1:" + gcs.rsplit(":", 1)[1])  # and on loopback, as a user types it
+
+
+def test_sweep_refuses_a_directory_of_another_spec_before_starting_a_cluster(tmp_path):
+    out = tmp_path / "out"
+    run_dir = out / "runs" / "base-s1"
+    run_dir.mkdir(parents=True)
+    recorded = parse_spec(make_spec_dict(duration_s=900, seeds=[1])).model_dump(mode="json")
+    (run_dir / "run.json").write_text(json.dumps({"run_id": "base-s1", "status": "completed", "spec": recorded}))
+    spec = tmp_path / "sim.yaml"
+    spec.write_text(yaml.safe_dump(make_spec_dict()))
+    proc = _loadgen("sweep", str(spec), "--out", str(out))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "holds runs of another spec (e.g. base-s1)" in proc.stderr and "duration_s (900.0 vs 600.0)" in proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["runs"]  # nothing written, no cluster started
