@@ -9,10 +9,11 @@ completion) it runs its steps up to that moment and arms one timer for its next 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Optional, Protocol, Union
 
 from .clock import Clock
 from ..sim import EngineConfig, SimEngine, SimRequest, StepCostModel
+from ..sim.sglang_engine import SGLangConfig, SGLangEngine
 
 
 @dataclass(frozen=True)
@@ -71,9 +72,10 @@ class SimEngineClient:
 
     needs_token_ids = False
 
-    def __init__(self, clock: Clock, config: EngineConfig, cost: StepCostModel) -> None:
+    def __init__(self, clock: Clock, config: Union[EngineConfig, SGLangConfig], cost: StepCostModel) -> None:
         self.clock = clock
-        self.engine = SimEngine(config, cost)
+        # the flavour follows the configuration: SGLang's radix-cache engine or vLLM's block pool
+        self.engine = SGLangEngine(config, cost) if isinstance(config, SGLangConfig) else SimEngine(config, cost)
         self.pool_tokens = config.pool_tokens
         self._timer = None
         self._armed_at: Optional[float] = None

@@ -7,11 +7,12 @@ import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Union
 
 from controllers import make_policy
 
 from ..sim import EngineConfig
+from ..sim.sglang_engine import SGLangConfig
 from ..version import __version__
 from .clock import VirtualClock
 from .engines import SimEngineClient
@@ -45,7 +46,17 @@ def run_keys(spec: ExperimentSpec, seeds: Optional[Iterable[int]] = None,
     return [RunKey(a, s) for s in seeds for a in arm_names]
 
 
-def engine_config(engine: SimEngineSpec) -> EngineConfig:
+def engine_config(engine: SimEngineSpec) -> Union[EngineConfig, SGLangConfig]:
+    """The simulated engine's configuration: vLLM's EngineConfig, or SGLangConfig for flavor sglang."""
+    if engine.flavor == "sglang":
+        opts = engine.sglang
+        return SGLangConfig(
+            pool_tokens=engine.pool_tokens, page_size=opts.page_size, chunked_prefill_size=engine.max_num_batched_tokens,
+            max_prefill_tokens=opts.max_prefill_tokens, max_running_requests=engine.max_num_seqs,
+            max_model_len=engine.max_model_len, schedule_policy=opts.schedule_policy,
+            init_new_token_ratio=opts.init_new_token_ratio, min_new_token_ratio_factor=opts.min_new_token_ratio_factor,
+            new_token_ratio_decay_steps=opts.new_token_ratio_decay_steps,
+            retract_decode_steps=opts.retract_decode_steps, enable_prefix_caching=engine.enable_prefix_caching)
     return EngineConfig(
         num_blocks=engine.pool_tokens // engine.block_size, block_size=engine.block_size,
         max_num_batched_tokens=engine.max_num_batched_tokens, max_num_seqs=engine.max_num_seqs,
@@ -60,7 +71,7 @@ def run_simulated(spec: ExperimentSpec, key: RunKey, out_dir: Path, spec_dir: Op
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    engine_spec = spec.engine
+    engine_spec = spec.engine_for(spec.arm(key.arm))
     info = run_info(spec, key, engine_spec.kind, engine_spec.pool_tokens)
     write_json_atomic(run_dir / "run.json", info)
     recorder = RunRecorder(run_dir, key.run_id, key.arm, key.seed, spec.recording.flush_interval_s)
@@ -84,7 +95,7 @@ def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir:
     """Run one arm x seed in virtual time into ``recorder`` (not closed); returns run.json's counts."""
     arm = spec.arm(key.arm)
     ctl = spec.controller_for(arm)
-    engine_spec = spec.engine
+    engine_spec = spec.engine_for(arm)
     clock = VirtualClock()
     engine = SimEngineClient(clock, engine_config(engine_spec), engine_spec.load_cost_model(spec_dir))
     gateway = Gateway(clock, make_policy(ctl.name, **ctl.params), engine.pool_tokens, ctl.start_s)
@@ -149,7 +160,8 @@ def run_info(spec: ExperimentSpec, key: RunKey, engine: str, pool_tokens: Option
     return {
         "run_id": key.run_id, "experiment": spec.experiment, "arm": key.arm, "seed": key.seed,
         "status": status, "error": None, "duration_s": spec.duration_s,
-        "pool_tokens": pool_tokens, "engine": engine, **extra,
+        "pool_tokens": pool_tokens, "engine": engine,
+        "engine_flavor": getattr(spec.engine_for(arm), "flavor", None), **extra,
         "controller": ctl.name, "control_start_s": ctl.start_s,
         "triggers": [{"kind": t.kind, "start_s": t.window()[0], "end_s": t.window()[1]} for t in arm.triggers],
         "reference_trigger_end_s": spec.reference_trigger_end_s(),

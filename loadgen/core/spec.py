@@ -70,8 +70,28 @@ def _is_number(annotation: Any) -> bool:
 
 
 # ---------------------------------------------------------------- engine
+class SGLangOptionsSpec(_Model):
+    """SGLang's server arguments for the sglang flavour (SGLang 0.5.x's names and defaults;
+    docs/engine-model.md#sglang-flavour). Chunks are ``max_num_batched_tokens`` tokens
+    (``--chunked-prefill-size``) and at most ``max_num_seqs`` requests run."""
+
+    page_size: int = Field(1, gt=0, description="Tokens per radix-tree page (--page-size).")
+    schedule_policy: Literal["fcfs", "lpm"] = Field("fcfs", description="Waiting-queue order (--schedule-policy).")
+    max_prefill_tokens: int = Field(16384, gt=0, description="Tokens one prefill batch may take (--max-prefill-tokens).")
+    init_new_token_ratio: float = Field(
+        0.7, gt=0, le=1, description="Share of each running request's remaining output reserved at admission, "
+                                     "at start and after a flush (SGLANG_INIT_NEW_TOKEN_RATIO).")
+    min_new_token_ratio_factor: float = Field(0.14, gt=0, le=1, description="The ratio decays to init x this.")
+    new_token_ratio_decay_steps: int = Field(600, gt=0, description="Decode steps from init to min.")
+    retract_decode_steps: int = Field(20, ge=0, description="Decode steps per request assumed after a retraction.")
+
+
 class SimEngineSpec(_Model):
     kind: Literal["sim"] = "sim"
+    flavor: Literal["vllm", "sglang"] = Field(
+        "vllm", description="Which engine the simulator models: vLLM v1 (block pool) or SGLang (radix cache).")
+    sglang: SGLangOptionsSpec = Field(default_factory=SGLangOptionsSpec,
+                                      description="SGLang's own knobs (flavor sglang only).")
     pool_tokens: int = Field(400_000, gt=0, description="KV pool C in tokens (num_gpu_blocks x block_size).")
     block_size: int = Field(16, gt=0, description="Tokens per KV block (16 on GPUs, 128 on CPU vLLM).")
     max_num_batched_tokens: int = Field(8192, gt=0, description="Token budget of one engine step.")
@@ -99,6 +119,11 @@ class SimEngineSpec(_Model):
     def _check_pool(self) -> "SimEngineSpec":
         if self.pool_tokens % self.block_size:
             raise ValueError(f"pool_tokens ({self.pool_tokens}) must be a multiple of block_size ({self.block_size})")
+        if self.flavor == "sglang" and not self.enable_prefix_caching:
+            raise ValueError("flavor sglang models the radix cache: enable_prefix_caching false (SGLang's "
+                             "--disable-radix-cache) is not modelled")
+        if self.flavor != "sglang" and "sglang" in self.model_fields_set:
+            raise ValueError("engine.sglang applies to flavor sglang only")
         return self
 
     def load_cost_model(self, base_dir: Optional[Path] = None) -> StepCostModel:
@@ -455,6 +480,9 @@ class ArmSpec(_Model):
     name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Arm name, used in run ids.")
     triggers: list[Trigger] = Field(default_factory=list)
     controller: Optional[ControllerSpec] = Field(None, description="Overrides the experiment's controller.")
+    engine: Optional[dict[str, Any]] = Field(
+        None, description="Fields of the experiment's simulated engine this arm changes, e.g. {flavor: sglang}: "
+                          "arms of one seed then see the same sessions on different engines.")
 
 
 class SLOSpec(_Model):
@@ -559,6 +587,18 @@ class ExperimentSpec(_Model):
             ctl = self.controller_for(arm)
             if ctl.start_s > self.duration_s:
                 raise ValueError(f"arms[{i}].controller.start_s={ctl.start_s:g} is after the run ends")
+            if arm.engine is not None:
+                if not isinstance(self.engine, SimEngineSpec):
+                    raise ValueError(f"arms[{i}].engine: per-arm engine fields apply to the simulated engine "
+                                     f"(kind sim), not kind {self.engine.kind!r}")
+                if "kind" in arm.engine:
+                    raise ValueError(f"arms[{i}].engine: an arm changes fields of the sim engine, not its kind")
+                try:
+                    self.engine_for(arm)
+                except ValidationError as exc:
+                    err = exc.errors()[0]
+                    where = ".".join(str(x) for x in err["loc"])
+                    raise ValueError(f"arms[{i}].engine.{where}: {err['msg']}") from None
         if isinstance(self.engine, SimEngineSpec):
             shapes = [self.workload.sessions] + [t.sessions for a in self.arms for t in a.triggers
                                                  if isinstance(t, MixShiftTrigger)]
@@ -574,6 +614,12 @@ class ExperimentSpec(_Model):
 
     def controller_for(self, arm: ArmSpec) -> ControllerSpec:
         return arm.controller or self.controller
+
+    def engine_for(self, arm: ArmSpec) -> "EngineSpec":
+        """The engine ``arm`` runs on: the experiment's, with the arm's fields (if any) put over it."""
+        if arm.engine is None:
+            return self.engine
+        return SimEngineSpec.model_validate({**self.engine.model_dump(exclude_unset=True), **arm.engine})
 
     def arm(self, name: str) -> ArmSpec:
         for arm in self.arms:
