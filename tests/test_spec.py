@@ -98,3 +98,29 @@ def test_unknown_controller_param_names_the_controller_and_its_params():
 def test_bad_controller_constant_is_a_spec_error():
     msg = _error(make_spec_dict(controller={"name": "budgeter", "params": {"admit_fraction": 0.99}}))
     assert "controller: controller 'budgeter': admit_fraction (0.99) must be <= park_fraction (0.95)" in msg
+
+
+def test_engine_flavor_and_per_arm_engine_fields():
+    data = make_spec_dict()
+    data["engine"] = {"kind": "sim", "pool_tokens": 400000}
+    data["arms"][1]["engine"] = {"flavor": "sglang", "sglang": {"schedule_policy": "lpm"}}
+    spec = parse_spec(data)
+    base, other = (spec.engine_for(arm) for arm in spec.arms)
+    assert (base.flavor, other.flavor, other.sglang.schedule_policy, other.pool_tokens) == ("vllm", "sglang", "lpm",
+                                                                                             400000)
+
+
+@pytest.mark.parametrize("engine,arm_engine,expected", [
+    ({"kind": "sim", "flavor": "sglong"}, None, "engine.flavor: Input should be 'vllm' or 'sglang'"),
+    ({"kind": "sim", "flavor": "sglang", "enable_prefix_caching": False}, None, "is not modelled"),
+    ({"kind": "sim"}, {"flavor": "sglang", "sglang": {"page_size": 0}}, "arms[1].engine.sglang.page_size"),
+    ({"kind": "sim"}, {"kind": "openai"}, "arms[1].engine: an arm changes fields of the sim engine, not its kind"),
+    ({"kind": "openai", "url": "http://127.0.0.1:1"}, {"flavor": "sglang"}, "apply to the simulated engine"),
+])
+def test_bad_engine_flavors_name_the_field(engine, arm_engine, expected):
+    data = make_spec_dict()
+    data["engine"] = engine
+    if arm_engine is not None:
+        data["arms"][1]["engine"] = arm_engine
+    msg = _error(data)
+    assert msg.startswith("my.yaml: ") and expected in msg, msg

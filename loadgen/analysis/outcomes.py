@@ -62,6 +62,7 @@ def run_outcome(run: RunData) -> dict:
         "experiment": info.get("experiment"),
         "arm": str(info["arm"]),
         "seed": int(info["seed"]),
+        "engine_flavor": info.get("engine_flavor"),  # vllm | sglang for simulated runs, else None
         "duration_s": duration_s,
         "hit_ratio_last10min": json_float(hit_last10min),
         "sessions_in_system_last5min": json_float(

@@ -122,6 +122,13 @@ def format_outcome_table(summary: Mapping[str, Any]) -> str:
         " | ".join(arm_titles).rstrip(),
         join(header),
     ]
+    flavors = {}
+    for run in summary.get("runs") or []:
+        if run.get("engine_flavor"):
+            flavors.setdefault(run["arm"], set()).add(run["engine_flavor"])
+    if flavors:  # which simulated engine each arm ran on (arms may differ: arms[].engine)
+        lines.insert(1, "engine: " + ", ".join(f"{arm} on {'/'.join(sorted(flavors[arm]))}"
+                                               for arm in arms if arm in flavors))
     lines += [join(cells) for cells in body]
     lines.append(
         "hit10m: token-weighted hit ratio, last 10 min; sess5m: mean sessions in system, "
