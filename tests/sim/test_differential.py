@@ -297,6 +297,80 @@ def test_mixed_prefix_lengths_per_key_are_distinct_prompts(seed):
     assert_same(random_workload(seed, mixed_prefix_lengths=True), f"mixed seed={seed}")
 
 
+# ---------------------------------------------------------------- whole prompts cached
+# A turn sent again with the same prompt (a client re-sending a turn it already got) finds every
+# block of its prompt cached when the prompt ends on a block boundary; vLLM still computes the
+# last prompt token, so the hit stops one block short: (prompt - 1) // block_size blocks, the
+# rest recomputed. A zero-growth turn (the previous prompt and its output, nothing added) never
+# finds its whole prompt cached: the previous turn's last output token was sampled but never went
+# through the model, so its cache ends one token short of the new prompt.
+def with_repeated_prompts(wl: Workload, seed: int) -> Workload:
+    """``wl`` with zero-growth turns, prompts grown to block boundaries, and some sessions ending
+    with their last prompt sent once more (with as many or more output tokens).
+
+    A repeat only ever ends its session: the blocks above the cap that it recomputes are
+    duplicates, which vLLM keeps hashed in the free queue where SimEngine drops their hashes (the
+    gap of the xfail below), and a later turn of the same session can see that. Drawn from its
+    own generator, so ``random_workload(seed)`` is the same workload as before."""
+    rng = random.Random(f"repeated-prompts/{seed}")
+    bs = wl.knobs["block_size"]
+    sessions = []
+    for s in wl.sessions:
+        prompts = [s.prompts[0]]
+        for k in range(1, len(s.prompts)):
+            growth = s.prompts[k] - s.prompts[k - 1] - s.outputs[k - 1]
+            prompt = prompts[-1] + s.outputs[k - 1]
+            if rng.random() >= 0.25:  # else a zero-growth turn
+                prompt += growth
+                if rng.random() < 0.5:
+                    prompt += -prompt % bs
+            prompts.append(prompt)
+        outputs, thinks = list(s.outputs), list(s.thinks)
+        if rng.random() < 0.6:
+            if rng.random() < 0.7:  # a block-aligned last prompt: the repeat finds all of it cached
+                prompts[-1] += -prompts[-1] % bs
+            prompts.append(prompts[-1])
+            outputs.append(outputs[-1] + rng.randint(0, 2 * bs))
+            thinks.append(0.0 if rng.random() < 0.2 else rng.expovariate(1 / 0.03))
+        sessions.append(SessionPlan(s.key, s.prefix_key, s.base_tokens, s.arrival_s, prompts, outputs, thinks))
+    biggest = max(-(-(p + o) // bs) for s in sessions for p, o in zip(s.prompts, s.outputs))
+    knobs = dict(wl.knobs, num_blocks=max(wl.knobs["num_blocks"], biggest + 1))
+    return Workload(knobs, sessions, wl.cost, wl.flush_at)
+
+
+REPEAT_SEEDS = range(200)
+
+
+@pytest.mark.parametrize("seed", REPEAT_SEEDS)
+def test_fast_engine_matches_reference_with_repeated_prompts(seed):
+    assert_same(with_repeated_prompts(random_workload(seed), seed), f"repeated prompts seed={seed}")
+
+
+def test_repeated_prompt_workloads_cache_whole_prompts():
+    """The seeds above do send prompts whose every block is cached (the last-token cap decides
+    their hit) and zero-growth turns, each in at least a tenth of the workloads."""
+    seen = dict.fromkeys(("whole_prompt_cached", "zero_growth_hit"), 0)
+    for seed in REPEAT_SEEDS:
+        wl = with_repeated_prompts(random_workload(seed), seed)
+        if not wl.knobs["enable_prefix_caching"]:
+            continue
+        res = run_workload(ReferenceEngine, wl, check_invariants=False)
+        bs = wl.knobs["block_size"]
+        whole = zero_growth = False
+        for (i, k), req in res.requests.items():
+            s = wl.sessions[i]
+            if k == 0:
+                continue
+            prompt = s.prompts[k]
+            # a repeat of an aligned prompt that hit all the cap allows: every block was cached
+            whole |= (prompt == s.prompts[k - 1] and prompt % bs == 0 and req.num_cached_tokens == prompt - bs)
+            zero_growth |= (prompt == s.prompts[k - 1] + s.outputs[k - 1]
+                            and req.num_cached_tokens == (prompt - 1) // bs * bs > 0)
+        seen["whole_prompt_cached"] += whole
+        seen["zero_growth_hit"] += zero_growth
+    assert all(v >= len(REPEAT_SEEDS) // 10 for v in seen.values()), seen
+
+
 # ---------------------------------------------------------------- known fast-engine gap
 @pytest.mark.xfail(strict=True, reason=(
     "a prompt equal to a block-aligned shared prefix: the last-token cap cuts the hit inside the "

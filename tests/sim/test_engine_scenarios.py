@@ -106,6 +106,24 @@ def test_caching_off_never_hits(engine_cls):
     assert engine.prefix_cache_queries == 350
 
 
+def test_a_prompt_sent_again_whole_in_cache_recomputes_its_last_block(engine_cls):
+    """bs 16. Turn 1: prompt 40, 24 output tokens; the KV holds 40 + 24 - 1 = 63 tokens, 3 full
+    blocks. Turn 2 grows by nothing (prompt 64 = 40 + 24): its last token was never computed, so 3
+    blocks (48 tokens) hit and one 16-token chunk at context 48 is computed; with 1 output token its
+    KV is 64 tokens, 4 full blocks. Turn 3 sends prompt 64 again: all 4 blocks are cached, yet the
+    last prompt token must go through the model to sample, so the hit stops at (64 - 1) // 16 = 3
+    blocks and the fourth is recomputed: the same 16-token step at context 48 as turn 2."""
+    engine = make_engine(engine_cls, block_size=16)
+    turn1 = run_alone(engine, "s", 40, 24)
+    turn2 = run_alone(engine, "s", 64, 1)
+    turn3 = run_alone(engine, "s", 64, 1)
+    assert [turn1.num_cached_tokens, turn2.num_cached_tokens, turn3.num_cached_tokens] == [0, 48, 48]
+    one_block_at_48 = COST.t0_s + COST.a_s_per_token * 16 + COST.b_s_per_token2 * 16 * (48 + 16 / 2)
+    for turn in (turn2, turn3):
+        assert turn.first_token_s - turn.arrival_s == pytest.approx(one_block_at_48, rel=1e-12)
+    assert engine.prefix_cache_hits == 96 and engine.prefix_cache_queries == 40 + 64 + 64
+
+
 # ---------------------------------------------------------------- preemption
 def test_preempted_request_goes_to_the_front_of_waiting_and_keeps_its_reported_hit(engine_cls):
     """bs 4, 10 usable blocks. R1 and R2 (8-token prompts, 20 output tokens each: 7 blocks at the
