@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from ..core.recording import PARTS_DIR
 from ..core.same_spec import describe_differences, spec_differences
 from .latency import latency_by_arm
 from .outcomes import run_outcome
@@ -75,6 +76,10 @@ def summarize(results_dir: str | os.PathLike) -> dict:
             if run_json.get("status") != "completed":
                 incomplete_runs.append(str(run_json["run_id"]))
                 continue
+            unmerged = sorted(p.name for p in (run_dir / PARTS_DIR).glob("*.parquet"))
+            if unmerged:  # rows written but not merged (a corrupt part): the tables would miss them
+                raise ValueError(f"{run_dir / PARTS_DIR}: rows that cannot be merged into the run's tables "
+                                 f"({', '.join(unmerged)})")
             completed.append(load_run(run_dir))
         except ValueError as exc:  # the message names the file and what is wrong with it
             unreadable_runs.append({"run_id": run_dir.name, "error": str(exc)})

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
+import pyarrow as pa
+
 from controllers import make_policy
 
 from ..sim import EngineConfig
@@ -200,10 +202,18 @@ def sample_row(env: RunEnv, m, now: float) -> dict:
 
 
 def recover_runs(out_dir: Path) -> list[str]:
-    """Merge the parts of runs that died mid-way, so their rows can be read; returns run ids."""
+    """Merge the parts of runs that died mid-way, so their rows can be read; returns run ids.
+
+    A run whose parts cannot be merged (a corrupt part file) keeps them and is skipped: the
+    summary lists it as unreadable (loadgen.analysis.summary), the other runs are recovered.
+    """
     recovered = []
     for run_dir in sorted((Path(out_dir) / "runs").glob("*")):
-        if merge_parts(run_dir):
+        try:
+            merged = merge_parts(run_dir)
+        except (OSError, ValueError, pa.ArrowException):
+            continue
+        if merged:
             recovered.append(run_dir.name)
     return recovered
 
