@@ -187,6 +187,77 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return 1 if failed or unreadable else 0
 
 
+def _cmd_map(args: argparse.Namespace) -> int:
+    from contextlib import nullcontext
+
+    import yaml
+
+    from .core.clock import epoch_s
+    from .map.bounds import spec_bounds
+    from .map.grid import MapGrid, map_job, parse_controllers, parse_values
+    from .map.report import summarize_map, write_map
+    from .map.run import process_pool, run_map
+
+    spec = load_spec(args.spec)
+    spec_dir = Path(args.spec).resolve().parent
+    try:
+        grid = MapGrid(
+            rates_per_s=tuple(parse_values(args.rates, "--rates", 0.0, allow_minimum=False)),
+            trigger_factors=tuple(parse_values(args.trigger_factors, "--trigger-factors", 0.0)),
+            seeds=tuple(parse_seeds(args.seeds)), controllers=parse_controllers(args.controllers),
+            horizon_s=args.horizon_h * 3600, bisect_steps=args.bisect_steps, max_escape_rates=args.max_escape_rates)
+        job = map_job(spec, spec_dir, grid.trigger_factors)
+        bounds = spec_bounds(spec, spec.engine.load_cost_model(spec_dir))
+    except ValueError as exc:  # GridError, a bad --seeds, an unreadable cost model
+        raise SpecError(f"{args.spec}: {exc}") from None
+    if args.workers is not None and args.workers < 1:
+        raise SpecError(f"--workers must be >= 1, got {args.workers}")
+    if args.address or args.ray:
+        try:  # Ray only for the commands that need a cluster
+            from actors.cluster import ray_cluster
+            from actors.map import ray_executor
+        except ImportError as exc:
+            raise SpecError(f"loadgen map --address needs Ray ({exc}): pip install 'agent-loadgen[ray]'") from None
+        where, execute = ray_cluster(args.address), ray_executor()
+    else:
+        where, execute = nullcontext(), process_pool(args.workers)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_unset=True), sort_keys=False))
+    shown: dict = {}
+
+    def progress(phase: str, done: int, total: int) -> None:
+        # a line per tenth of a phase: enough to see it move, few enough for a log file
+        step = max(1, total // 10)
+        if not args.quiet and done and (done == total or done % step == 0) and shown.get(phase) != done:
+            shown[phase] = done
+            print(f"{phase}: {done}/{total} runs", file=sys.stderr, flush=True)
+
+    start_s = epoch_s()
+    try:
+        with where:
+            store, ran = run_map(job, grid, out, execute, progress)
+    except ValueError as exc:  # an unreadable outcome table
+        raise SpecError(str(exc)) from None
+    wall_s = epoch_s() - start_s
+    summary = summarize_map(job, grid, list(store.rows.values()), bounds)
+    write_map(out, summary)
+    print(summary["report"], flush=True)
+    num_ran = sum(ran.values())
+    if num_ran:
+        print(f"ran {num_ran} runs ({', '.join(f'{k} {v}' for k, v in ran.items())}) in {wall_s:.1f} s: "
+              f"{num_ran / max(wall_s, 1e-9):.2f} runs/s", file=sys.stderr)
+    else:
+        print("the map is complete: nothing to run, redrawn from outcomes.parquet", file=sys.stderr)
+    print(f"map: {out / 'map.json'}, outcomes: {out / 'outcomes.parquet'}", file=sys.stderr)
+    if not args.no_figures:
+        from .map.figures import write_map_figures
+
+        paths = write_map_figures(summary, out)
+        print(f"figures: {len(paths)} PNG files in {paths[0].parent}", file=sys.stderr)
+    return 1 if summary["num_failed"] else 0
+
+
 def _selected_runs(spec, args: argparse.Namespace) -> list:
     """The spec's arms x seeds, narrowed by --seeds and --arms."""
     from .core.runner import run_keys
@@ -233,7 +304,9 @@ def _report(out: Path, console, figures: bool = True) -> list:
     if figures:
         from .analysis.figures import write_figures
 
-        paths = write_figures(out, summary)
+        from .analysis.latency_figures import write_latency_figures
+
+        paths = write_figures(out, summary) + write_latency_figures(out, summary)
         if paths:
             console.print(f"figures: {len(paths)} PNG files in {paths[0].parent}")
     unreadable = summary.get("unreadable_runs") or []
@@ -451,6 +524,32 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--no-figures", action="store_true", help="summary and table only")
     sweep.add_argument("--quiet", action="store_true", help="no per-run lines")
     sweep.set_defaults(func=_cmd_sweep)
+
+    from .map.grid import (DEFAULT_BISECT_STEPS, DEFAULT_CONTROLLERS, DEFAULT_HORIZON_H, DEFAULT_MAX_ESCAPE_RATES,
+                           DEFAULT_RATES, DEFAULT_SEEDS, DEFAULT_TRIGGER_FACTORS)
+
+    map_ = sub.add_parser("map", help="the metastability map: P(degradation) over rate x trigger x controller")
+    map_.add_argument("spec", help="experiment spec (YAML) with the simulated engine and a burst trigger")
+    map_.add_argument("--out", required=True, help="map directory; a rerun skips finished runs, a complete map redraws")
+    map_.add_argument("--rates", default=DEFAULT_RATES, help=f"base arrival rates, start:stop:step or a list "
+                                                             f"(default {DEFAULT_RATES})")
+    map_.add_argument("--trigger-factors", default=DEFAULT_TRIGGER_FACTORS,
+                      help=f"burst extra_rate_factor values, 0 = no trigger (default {DEFAULT_TRIGGER_FACTORS})")
+    map_.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"seeds at every point (default {DEFAULT_SEEDS})")
+    map_.add_argument("--controllers", default=DEFAULT_CONTROLLERS,
+                      help=f"controllers, each from the start of the run (default {DEFAULT_CONTROLLERS})")
+    map_.add_argument("--horizon-h", type=float, default=DEFAULT_HORIZON_H,
+                      help=f"escape-time runs: hours per run, 0 to skip (default {DEFAULT_HORIZON_H:g})")
+    map_.add_argument("--max-escape-rates", type=int, default=DEFAULT_MAX_ESCAPE_RATES,
+                      help=f"escape-time runs at most at this many rates of the band (default {DEFAULT_MAX_ESCAPE_RATES})")
+    map_.add_argument("--bisect-steps", type=int, default=DEFAULT_BISECT_STEPS,
+                      help=f"halvings of each seed's tipping bracket, 0 to skip (default {DEFAULT_BISECT_STEPS})")
+    map_.add_argument("--workers", type=int, help="local processes (default: one per CPU)")
+    map_.add_argument("--address", help="run on this Ray cluster instead of local processes")
+    map_.add_argument("--ray", action="store_true", help="run on Ray ($RAY_ADDRESS, else a local cluster)")
+    map_.add_argument("--no-figures", action="store_true")
+    map_.add_argument("--quiet", action="store_true", help="no progress lines")
+    map_.set_defaults(func=_cmd_map)
 
     serve = sub.add_parser("serve-sim", help="serve the simulated engine behind vLLM's HTTP API")
     serve.add_argument("--host", default="127.0.0.1")
