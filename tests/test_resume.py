@@ -34,7 +34,7 @@ def test_resume_skips_exactly_the_completed_runs(tmp_path, capsys):
     failed = out / "runs" / "burst-s1" / "run.json"
     failed.write_text(json.dumps({**json.loads(failed.read_text()), "status": "failed"}))
     capsys.readouterr()
-    assert main(["run", "--resume", str(out), "--quiet", "--no-figures"]) == 0
+    assert main(["run", str(spec), "--resume", str(out), "--quiet", "--no-figures"]) == 0
     err = capsys.readouterr().err
     assert "--resume: 3 of 4 runs already completed with this spec" in err
     after = _mtimes(out)

@@ -111,6 +111,8 @@ def _plot_pair(
         label=f"degraded below {DEGRADED_HIT_RATIO:g}",
     )
     _shade_triggers([ax_hit, ax_tput, ax_sessions], _trigger_windows(runs))
+    for i, ax in enumerate((ax_hit, ax_tput, ax_sessions)):
+        _mark_control(ax, _control_starts_s(runs), label=i == 0)
 
     ax_hit.set_ylim(-0.02, 1.02)
     ax_hit.set_ylabel("prefix-cache hit ratio\n(token-weighted)")
@@ -151,6 +153,7 @@ def _plot_overview(
             ax.plot(mid_min, series.hit_ratio, color=colors[arm], linewidth=0.8, alpha=0.6)
         ax.axhline(DEGRADED_HIT_RATIO, color="0.4", linestyle="--", linewidth=0.8)
         _shade_triggers([ax], _trigger_windows(runs))
+        _mark_control(ax, _control_starts_s(runs), label=True)
         ax.set_title(f"arm {arm}: {len(runs)} seed(s), one line per seed")
         ax.set_ylabel("hit ratio")
         ax.set_ylim(-0.02, 1.02)

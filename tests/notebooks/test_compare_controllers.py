@@ -43,4 +43,30 @@ def test_notebook_compares_the_arms_of_a_results_directory(tmp_path: Path, monke
     assert "Recovery: experiment tiny" in text and "Paired outcomes: experiment tiny" in text
     assert "cap-s1" in text and "session-cap" in text
     images = [out for cell in nb.cells for out in cell.get("outputs", []) if "image/png" in out.get("data", {})]
-    assert len(images) == 3
+    assert len(images) == 5
+    # the latency and interval tables are DataFrames: one row per arm, one per (arm, metric)
+    html = [out["data"]["text/html"] for cell in nb.cells for out in cell.get("outputs", [])
+            if "text/html" in out.get("data", {})]
+    assert len(html) == 2 and "TTFT p90 s" in html[0] and "budgeter" in html[0]
+    assert "95% low" in html[1] and "tasks finished" in html[1] and "against none:" in text
+
+
+def test_notebook_shows_only_the_chosen_arms_and_names_a_missing_directory(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    results = tmp_path / "results"
+    _small_controller_experiment(results)
+    monkeypatch.setenv("LOADGEN_RESULTS", str(results))
+    monkeypatch.setenv("LOADGEN_ARMS", "none,budgeter")
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    html = [out["data"]["text/html"] for cell in nb.cells for out in cell.get("outputs", [])
+            if "text/html" in out.get("data", {})]
+    assert "budgeter" in html[0] and "session-cap" not in html[0]
+
+    monkeypatch.setenv("LOADGEN_RESULTS", str(tmp_path / "nowhere"))
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    with pytest.raises(Exception) as failed:
+        NotebookClient(nb, timeout=120, kernel_name="python3",
+                       resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    assert "ResultsError" in str(failed.value) and "nowhere: does not exist" in str(failed.value)

@@ -1,0 +1,134 @@
+"""Latency figures: per arm over time, the cost of control per controller, and TTFT against
+context depth. Built on matplotlib.figure.Figure (no pyplot state): a notebook displays what
+these return, write_figures saves them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .figures import DPI, _control_starts_s, _mark_control, _minutes, _shade_triggers, _trigger_windows, arm_colors
+from .latency import nearest_rank, turn_latencies
+from .runs import RunData, load_run
+from .windows_table import read_windows
+
+
+def figure_latency_over_time(runs_by_arm: Mapping[str, Sequence[RunData]], colors: Mapping[str, str],
+                             experiment: Any) -> Figure:
+    """Per arm, TTFT and turn latency p50 / p90 per 1-minute window (median over the arm's runs),
+    triggers shaded and control start marked."""
+    arms = list(runs_by_arm)
+    fig = Figure(figsize=(10, 2.4 * len(arms) + 0.8), constrained_layout=True)
+    axes = fig.subplots(len(arms), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, arm in zip(axes, arms):
+        runs = runs_by_arm[arm]
+        tables = [read_windows(r) for r in runs]
+        n = min(t.num_rows for t in tables)
+        mid_min = _minutes(np.asarray(tables[0].column("window_start_s"))[:n] + 30.0)
+        for column, style in (("ttft_p50_s", "-"), ("ttft_p90_s", "--")):
+            values = np.vstack([np.asarray(t.column(column).to_numpy(zero_copy_only=False))[:n] for t in tables])
+            with np.errstate(all="ignore"):
+                median = np.nanmedian(np.where(np.isfinite(values), values, np.nan), axis=0) if values.size else values
+            ax.plot(mid_min, median, style, color=colors[arm], linewidth=1.2,
+                    label=column.replace("_s", "").replace("_", " "))
+        _shade_triggers([ax], _trigger_windows(runs))
+        _mark_control(ax, _control_starts_s(runs), label=True)
+        ax.set_yscale("log")
+        ax.set_ylabel("seconds")
+        ax.set_title(f"arm {arm}: TTFT per minute (gateway wait included), median over {len(runs)} run(s)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="upper left", fontsize="small")
+    axes[-1].set_xlabel("run time (minutes)")
+    fig.suptitle(f"{experiment}: latency over time")
+    return fig
+
+
+def figure_cost_of_control(summary: Mapping[str, Any], colors: Mapping[str, str]) -> Figure:
+    """Per arm (controller): TTFT p90 and p99 against turn throughput, and tasks finished."""
+    rows = summary.get("latency_by_arm") or []
+    fig = Figure(figsize=(11, 4.2), constrained_layout=True)
+    ax_lat, ax_tasks = fig.subplots(1, 2)
+    for row in rows:
+        arm, color = row["arm"], colors.get(row["arm"], "0.3")
+        tput = row["turns_per_s"]
+        for key, marker in (("p90", "o"), ("p99", "^")):
+            value = row["ttft_s"][key]
+            if tput is not None and value is not None:
+                ax_lat.scatter([tput], [value], color=color, marker=marker, label=f"{arm} {key}")
+        if row["tasks_arrived"]:
+            ax_tasks.bar(arm, row["tasks_finished"] / row["tasks_arrived"], color=color)
+    ax_lat.set_yscale("log")
+    ax_lat.set_xlabel("turns / s (whole runs)")
+    ax_lat.set_ylabel("TTFT (s, gateway wait included)")
+    ax_lat.set_title("what control costs: TTFT p90 (o) / p99 (^) vs throughput")
+    ax_lat.grid(True, alpha=0.3)
+    ax_lat.legend(fontsize="x-small", ncol=2)
+    ax_tasks.set_ylim(0, 1.02)
+    ax_tasks.set_ylabel("tasks finished / arrived")
+    ax_tasks.set_title("task completion per arm")
+    ax_tasks.tick_params(axis="x", labelrotation=30)
+    fig.suptitle(f"{summary.get('experiment')}: cost of control per controller")
+    return fig
+
+
+def figure_ttft_vs_depth(runs_by_arm: Mapping[str, Sequence[RunData]], colors: Mapping[str, str],
+                         experiment: Any) -> Figure:
+    """Per arm, median TTFT by turn index and by prompt length (pooled over its runs)."""
+    fig = Figure(figsize=(11, 4.2), constrained_layout=True)
+    ax_turn, ax_prompt = fig.subplots(1, 2)
+    for arm, runs in runs_by_arm.items():
+        lats = [turn_latencies(r.turns) for r in runs]
+        turn_index = np.concatenate([x.turn_index for x in lats])
+        prompt = np.concatenate([x.prompt_tokens for x in lats])
+        ttft = np.concatenate([x.ttft_s for x in lats])
+        if not len(ttft):
+            continue
+        indices = np.unique(turn_index[np.isfinite(turn_index)])
+        ax_turn.plot(indices, [nearest_rank(ttft[turn_index == i], 0.5) for i in indices], color=colors[arm],
+                     label=arm)
+        edges = np.unique(np.quantile(prompt, np.linspace(0, 1, 11)))
+        if len(edges) > 1:
+            bins = np.clip(np.searchsorted(edges, prompt, side="right") - 1, 0, len(edges) - 2)
+            centers = [(edges[b] + edges[b + 1]) / 2 for b in range(len(edges) - 1)]
+            ax_prompt.plot(centers, [nearest_rank(ttft[bins == b], 0.5) for b in range(len(edges) - 1)],
+                           "o-", color=colors[arm], label=arm)
+    for ax, xlabel in ((ax_turn, "turn index"), (ax_prompt, "prompt tokens (deciles)")):
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("median TTFT (s)")
+        ax.grid(True, alpha=0.3)
+    ax_turn.legend(fontsize="small")
+    fig.suptitle(f"{experiment}: TTFT against context depth")
+    return fig
+
+
+def write_latency_figures(results_dir: str | os.PathLike, summary: Mapping[str, Any]) -> list[Path]:
+    """figures/latency-over-time.png, ttft-vs-depth.png and, with control, cost-of-control.png."""
+    results_path = Path(results_dir)
+    runs_by_arm: dict[str, list[RunData]] = {}
+    for entry in summary.get("runs", []):
+        runs_by_arm.setdefault(str(entry["arm"]), []).append(load_run(results_path / "runs" / entry["run_id"]))
+    if not runs_by_arm:
+        return []
+    figures_dir = results_path / "figures"
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, fig in latency_figures(runs_by_arm, summary, arm_colors(summary)):
+        fig.savefig(figures_dir / name, dpi=DPI)
+        written.append(figures_dir / name)
+    return written
+
+
+def latency_figures(runs_by_arm: Mapping[str, Sequence[RunData]], summary: Mapping[str, Any],
+                    colors: Mapping[str, str]) -> list[tuple[str, Figure]]:
+    """(file name, figure) for each latency figure."""
+    experiment = summary.get("experiment")
+    figures = [("latency-over-time.png", figure_latency_over_time(runs_by_arm, colors, experiment)),
+               ("ttft-vs-depth.png", figure_ttft_vs_depth(runs_by_arm, colors, experiment))]
+    if summary.get("recovery"):
+        figures.append(("cost-of-control.png", figure_cost_of_control(summary, colors)))
+    return figures
