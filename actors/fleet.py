@@ -5,7 +5,10 @@ session is a coroutine, cheap; a process per session is not. Each session runs
 the unchanged ``loadgen.core.session.run_session`` loop against the run's engine over HTTP, on a
 wall clock that shares the run's time origin, with two stand-ins: ``RemoteGate`` for the
 gateway (the run's controller actor answers) and ``RecorderProxy`` for the recorder (calls are
-shipped in batches to the recorder actor, which writes the Parquet files).
+shipped in batches to the recorder actor, which writes the Parquet files). A session whose task
+raises is handled as in a live run (``run_session_recording_crashes``): it gives its gateway
+admission back, gets a sessions.parquet row with status ``error`` and the exception, and is
+counted (``SessionCounts.crashed_total``), so the run's status can say how many crashed.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import ray
 
 from loadgen.core.clock import WallClock
 from loadgen.live.http_client import EndpointOptions, OpenAIEngineClient
-from loadgen.core.session import RetryPolicy, RunEnv, SessionCounts, run_session
+from loadgen.core.session import RetryPolicy, RunEnv, SessionCounts, run_session_recording_crashes
 from loadgen.core.workload import SessionPlan
 
 from .controller import FleetCounts
@@ -76,6 +79,9 @@ class RecorderProxy:
     def session_ended(self, *args: Any) -> None:
         self.events.append(("session_ended", args))
 
+    def session_crashed(self, *args: Any) -> None:
+        self.events.append(("session_crashed", args))
+
     def turn(self, *args: Any) -> None:
         self.events.append(("turn", args))
         if args[self._TURN_ERROR_ARG] is None:
@@ -107,23 +113,23 @@ class _FleetRun:
     tasks: set = field(default_factory=set)
 
 
-@ray.remote(num_cpus=0)
-class SessionFleet:
+class SessionFleetHost:
+    """The fleet itself; ``SessionFleet`` is it as a Ray actor."""
+
     def __init__(self) -> None:
         self.runs: dict[str, _FleetRun] = {}
 
     async def run(self, settings: LiveRunSettings, plans: list[SessionPlan], controller, recorder) -> FleetCounts:
         """Run these sessions from run time 0 to the end (or ``stop``); returns the final counts."""
         clock = WallClock(settings.time_scale, origin_epoch_s=settings.origin_epoch_s)
-        client = OpenAIEngineClient(clock, settings.endpoint)
-        client.prompt_mode = settings.prompt_mode  # settled by the controller's preflight
+        client = self.engine_client(clock, settings)
         proxy = RecorderProxy()
         env = RunEnv(clock, client, RemoteGate(controller), proxy, retry=settings.retry)
         state = _FleetRun(env, proxy, asyncio.Event())
         self.runs[settings.run_id] = state
 
         def start(plan: SessionPlan) -> None:
-            task = clock.spawn(run_session(plan, env))
+            task = clock.spawn(run_session_recording_crashes(plan, env))
             state.tasks.add(task)
             task.add_done_callback(state.tasks.discard)
 
@@ -141,6 +147,12 @@ class SessionFleet:
             await client.close()
         await recorder.record.remote(settings.run_id, proxy.take())
         return self.counts(settings.run_id)
+
+    def engine_client(self, clock: WallClock, settings: LiveRunSettings) -> OpenAIEngineClient:
+        """The sessions' client of the run's engine (the seam a test double replaces)."""
+        client = OpenAIEngineClient(clock, settings.endpoint)
+        client.prompt_mode = settings.prompt_mode  # settled by the controller's preflight
+        return client
 
     async def _ship_until_stopped(self, run_id: str, proxy: RecorderProxy, recorder) -> None:
         clock = WallClock()
@@ -161,3 +173,6 @@ class SessionFleet:
         state = self.runs.get(run_id)
         if state is not None:
             state.stop.set()
+
+
+SessionFleet = ray.remote(num_cpus=0)(SessionFleetHost)

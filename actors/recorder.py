@@ -15,7 +15,8 @@ import ray
 from loadgen.core.recording import RunRecorder
 
 # what a RecorderProxy may ask for: never an arbitrary attribute of the recorder
-_REPLAYABLE = frozenset({"session_arrived", "session_admitted", "session_parked", "session_ended", "turn"})
+_REPLAYABLE = frozenset({"session_arrived", "session_admitted", "session_parked", "session_ended",
+                         "session_crashed", "turn"})
 
 
 def replay(recorder: RunRecorder, events: list[tuple[str, tuple]]) -> None:

@@ -368,10 +368,17 @@ class _LiveRun:
                 raise (await self._engine_death(exited) if exited.done() else ran.exception())
             flushes, *fleet_counts = ran.result()
             counts = merge_counts(fleet_counts)
-            self.info.update(status="completed", counts={
-                "sessions_arrived": counts.sessions.arrived_total,
-                "sessions_completed": counts.sessions.completed_total,
-                "turns_completed": counts.turns_completed, **flushes})
+            crashed = counts.sessions.crashed_total
+            # as a live run (loadgen.live.runner): the run reached its end, but the load it offered
+            # was not the spec's if a session crashed
+            self.info.update(
+                status="completed_with_errors" if crashed else "completed",
+                error=f"{crashed} session(s) crashed (sessions.parquet status 'error' has the exception)"
+                if crashed else None,
+                counts={"sessions_arrived": counts.sessions.arrived_total,
+                        "sessions_completed": counts.sessions.completed_total,
+                        "sessions_crashed": crashed,
+                        "turns_completed": counts.turns_completed, **flushes})
         except Exception as exc:  # recorded in run.json; the sweep goes on
             self._fail(exc)
         finally:
