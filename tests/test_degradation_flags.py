@@ -61,6 +61,15 @@ def test_a_run_with_no_turns_at_the_end_ends_degraded(tmp_path: Path) -> None:
     assert run["degraded_windows_after_trigger"] == pytest.approx(2 / 5)
 
 
+def test_a_single_window_after_the_trigger_is_not_labelled_final_window_only(tmp_path: Path) -> None:
+    # a 10-minute run whose burst ends at minute 3: one full window [180, 480), degraded
+    rows = steady_turns(0.0, 180.0, 10.0, 0.9) + steady_turns(180.0, 600.0, 10.0, 0.2)
+    write_run_dir(tmp_path, "burst-s1", "burst", 1, rows, [], BURST, 600.0, 180.0, spec=SPEC)
+    (run,) = summarize(tmp_path)["runs"]
+    assert run["persistently_degraded"] is True and run["degraded_windows_after_trigger"] == 1.0
+    assert run["degraded_only_in_final_window"] is False
+
+
 def test_printed_table_shows_the_flags_and_labels_final_window_only_runs(tmp_path: Path) -> None:
     text = format_outcome_table(_experiment(tmp_path))
     lines = text.splitlines()

@@ -153,8 +153,9 @@ def persistently_degraded(
     return bool(degraded[first_degraded:].all())
 
 def degraded_only_in_final_window(degraded: np.ndarray) -> bool:
-    """Of ``degraded_windows``: the final window is degraded and no other is."""
-    return bool(len(degraded) > 0 and degraded[-1] and not degraded[:-1].any())
+    """Of ``degraded_windows``: the final window is degraded and no other is. Needs two windows
+    at least: a run with a single window after the trigger shows no healthy stretch before."""
+    return bool(len(degraded) >= 2 and degraded[-1] and not degraded[:-1].any())
 
 def ends_degraded(hit_ratio_last10min: float, threshold: float = DEGRADED_HIT_RATIO) -> bool:
     """The run's last 10 minutes are degraded: hit ratio below threshold, or no finished turn."""
