@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from loadgen.core.spec import SpecError, load_spec, parse_seeds, parse_spec
@@ -124,3 +126,12 @@ def test_bad_engine_flavors_name_the_field(engine, arm_engine, expected):
         data["arms"][1]["engine"] = arm_engine
     msg = _error(data)
     assert msg.startswith("my.yaml: ") and expected in msg, msg
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].glob("examples/*.yaml")),
+                         ids=lambda p: p.name)
+def test_a_resolved_spec_loads_back_as_the_same_spec(path):
+    """DIR/spec.yaml and run.json hold the resolved spec; `--resume` and the same-spec check read it back."""
+    spec = load_spec(path)
+    again = parse_spec(spec.model_dump(mode="json"), f"{path.name} (resolved)", base_dir=path.parent)
+    assert again == spec

@@ -22,6 +22,8 @@ from trace_shapes import (EmpiricalGaps, ExponentialGaps, GapFallback, Generated
                           TraceLabLikeSessions, TraceReplay, build_replay, load_swebench, load_trace, select_models)
 
 from ..sim.cost import PRESETS, StepCostModel
+from ..sim.offload import (DEFAULT_BANDWIDTH_BYTES_PER_S, DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_LATENCY_S,
+                           OffloadConfig)
 
 
 class SpecError(ValueError):
@@ -86,6 +88,20 @@ class SGLangOptionsSpec(_Model):
     retract_decode_steps: int = Field(20, ge=0, description="Decode steps per request assumed after a retraction.")
 
 
+class OffloadSpec(_Model):
+    """A CPU KV tier behind the GPU pool, as vLLM's native offloading (``--kv-offloading-size``,
+    OffloadingConnector with the CPU backend): docs/engine-model.md#cpu-kv-offload-tier."""
+
+    cpu_tokens: int = Field(..., gt=0, description="Host tier size in tokens (cpu_bytes_to_use / KV bytes per token); "
+                                                   "900000 is ~124 GiB for Qwen3-8B at 144 KiB/token.")
+    bandwidth_bytes_per_s: float = Field(
+        DEFAULT_BANDWIDTH_BYTES_PER_S, gt=0,
+        description="Host<->GPU copy bandwidth (default 50 GB/s: PCIe 5.0 x16, 64 GB/s raw per direction).")
+    latency_s: float = Field(DEFAULT_LATENCY_S, ge=0, description="Fixed cost of one copy job (launch and poll).")
+    kv_bytes_per_token: int = Field(DEFAULT_KV_BYTES_PER_TOKEN, gt=0,
+                                    description="KV bytes of one token (default Qwen3-8B BF16: 147456 = 144 KiB).")
+
+
 class SimEngineSpec(_Model):
     kind: Literal["sim"] = "sim"
     flavor: Literal["vllm", "sglang"] = Field(
@@ -104,6 +120,8 @@ class SimEngineSpec(_Model):
     cost_model: Union[str, dict] = Field(
         "qwen3-8b-mi300x",
         description="Step-cost model: a preset name, a path to a cost.json, or the constants inline.")
+    offload: Optional[OffloadSpec] = Field(
+        None, description="A CPU KV offload tier (flavor vllm), e.g. {cpu_tokens: 900000}; default: none.")
 
     @field_validator("cost_model")
     @classmethod
@@ -122,9 +140,27 @@ class SimEngineSpec(_Model):
         if self.flavor == "sglang" and not self.enable_prefix_caching:
             raise ValueError("flavor sglang models the radix cache: enable_prefix_caching false (SGLang's "
                              "--disable-radix-cache) is not modelled")
-        if self.flavor != "sglang" and "sglang" in self.model_fields_set:
+        # A resolved spec (DIR/spec.yaml, run.json) writes the default block out; only settings count.
+        if self.flavor != "sglang" and self.sglang != SGLangOptionsSpec():
             raise ValueError("engine.sglang applies to flavor sglang only")
+        if self.offload is not None:
+            if self.flavor != "vllm":
+                raise ValueError("offload: the CPU offload tier models vLLM's OffloadingConnector (flavor vllm)")
+            if not self.enable_prefix_caching:
+                raise ValueError("offload: the CPU tier finds blocks by their prefix-cache hashes: it needs "
+                                 "enable_prefix_caching true")
+            if self.offload.cpu_tokens < self.block_size:
+                raise ValueError(f"offload: cpu_tokens ({self.offload.cpu_tokens}) holds no whole block of "
+                                 f"block_size {self.block_size}")
         return self
+
+    def offload_config(self) -> Optional[OffloadConfig]:
+        """The engine's host tier: cpu_tokens // block_size blocks (vLLM rounds bytes down to blocks)."""
+        o = self.offload
+        if o is None:
+            return None
+        return OffloadConfig(o.cpu_tokens // self.block_size, o.bandwidth_bytes_per_s, o.latency_s,
+                             o.kv_bytes_per_token)
 
     def load_cost_model(self, base_dir: Optional[Path] = None) -> StepCostModel:
         if isinstance(self.cost_model, dict):
