@@ -63,7 +63,7 @@ def engine_config(engine: SimEngineSpec) -> Union[EngineConfig, SGLangConfig]:
         num_blocks=engine.pool_tokens // engine.block_size, block_size=engine.block_size,
         max_num_batched_tokens=engine.max_num_batched_tokens, max_num_seqs=engine.max_num_seqs,
         max_model_len=engine.max_model_len, enable_prefix_caching=engine.enable_prefix_caching,
-        reserve_full_prompt=engine.reserve_full_prompt)
+        reserve_full_prompt=engine.reserve_full_prompt, offload=engine.offload_config())
 
 
 def run_simulated(spec: ExperimentSpec, key: RunKey, out_dir: Path, spec_dir: Optional[Path] = None) -> dict:
@@ -163,13 +163,25 @@ def run_info(spec: ExperimentSpec, key: RunKey, engine: str, pool_tokens: Option
         "run_id": key.run_id, "experiment": spec.experiment, "arm": key.arm, "seed": key.seed,
         "status": status, "error": None, "duration_s": spec.duration_s,
         "pool_tokens": pool_tokens, "engine": engine,
-        "engine_flavor": getattr(spec.engine_for(arm), "flavor", None), **extra,
+        "engine_flavor": getattr(spec.engine_for(arm), "flavor", None),
+        "offload_cpu_tokens": _offload_cpu_tokens(spec.engine_for(arm)), **extra,
         "controller": ctl.name, "control_start_s": ctl.start_s,
         "triggers": [{"kind": t.kind, "start_s": t.window()[0], "end_s": t.window()[1]} for t in arm.triggers],
         "reference_trigger_end_s": spec.reference_trigger_end_s(),
         "loadgen_version": __version__,
         "spec": run_spec(spec, key),
     }
+
+
+def _offload_cpu_tokens(engine) -> Optional[int]:
+    """The simulated engine's host tier in tokens (whole blocks), None without one or for live engines."""
+    offload = getattr(engine, "offload", None)
+    if offload is None and getattr(engine, "simulator", None) is not None and getattr(engine, "kind", "") == "serve_sim":
+        offload = engine.simulator.offload
+        engine = engine.simulator
+    if offload is None:
+        return None
+    return offload.cpu_tokens // engine.block_size * engine.block_size
 
 
 def _start_session(clock: VirtualClock, plan, env: RunEnv) -> None:

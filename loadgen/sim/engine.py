@@ -38,8 +38,10 @@ from typing import Any, Callable, Hashable, Optional
 
 from .cost import StepCostModel
 from .kv_pool import BlockPool, Stream
+from .offload import HostTier, OffloadConfig
 
-WAITING, RUNNING, FINISHED = 0, 1, 2
+# LOADING: parked while its host-tier blocks are copied to the GPU (vLLM WAITING_FOR_REMOTE_KVS)
+WAITING, RUNNING, FINISHED, LOADING = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class EngineConfig:
     max_model_len: int = 40960
     enable_prefix_caching: bool = True
     reserve_full_prompt: bool = True
+    offload: Optional[OffloadConfig] = None  # a CPU KV tier (loadgen/sim/offload.py); None: GPU pool only
 
     @property
     def pool_tokens(self) -> int:
@@ -68,7 +71,7 @@ class SimRequest:
         "arrival_s", "first_token_s", "finish_s", "num_cached_tokens", "num_preemptions",
         "state", "num_tokens", "num_computed", "generated", "alloc_blocks", "admit_seq",
         "is_decoder", "g0", "nc0", "gen0", "residue", "is_builder", "prefix_hit_blocks",
-        "last_token_s", "max_token_gap_s",
+        "last_token_s", "max_token_gap_s", "store_from", "load_start", "load_blocks", "load_done_s", "loaded",
     )
 
     def __init__(self, request_id: Hashable, stream: Stream, num_prompt_tokens: int, max_tokens: int,
@@ -101,6 +104,13 @@ class SimRequest:
         # consecutive tokens so far (a preempted request's gap spans its wait and recompute).
         self.last_token_s: Optional[float] = None
         self.max_token_gap_s = math.nan
+        # CPU offload tier: the first block not yet stored to the host (vLLM _next_stored_block_idx),
+        # the host blocks [load_start, load_start + load_blocks) being or having been loaded, when
+        # the copy lands, and whether the request waits with its loaded blocks
+        self.store_from = 0
+        self.load_start = self.load_blocks = 0
+        self.load_done_s = math.nan
+        self.loaded = False
 
     @property
     def mean_token_gap_s(self) -> float:
@@ -157,6 +167,17 @@ class SimEngine:
         self._gap_steps: list[int] = []
         self._gap_max_s: list[float] = []
         self._last_end_s = 0.0  # end of the latest committed step
+        self.host: Optional[HostTier] = None
+        if config.offload is not None:
+            if not config.enable_prefix_caching:
+                raise ValueError("the CPU offload tier needs prefix caching (blocks are found by their hashes)")
+            self.host = HostTier(config.offload)
+        self.num_loading = 0  # waiting requests that hold GPU blocks: loading, or loaded and not yet admitted
+        # vllm:external_prefix_cache_{queries,hits} (tokens) and vllm:kv_offload_total_bytes by direction
+        self.external_prefix_cache_queries = 0
+        self.external_prefix_cache_hits = 0
+        self.kv_offload_bytes_gpu_to_cpu = 0
+        self.kv_offload_bytes_cpu_to_gpu = 0
 
     # ------------------------------------------------------------------ public surface
     def stream(self, key: Hashable, base_tokens: int = 0) -> Stream:
@@ -344,8 +365,11 @@ class SimEngine:
 
     # ------------------------------------------------------------------ stretches
     def _can_stretch(self) -> bool:
-        if self.prefilling or not self.num_decoders or self._flush_requested or self._aborts:
+        if self.prefilling or not self.num_decoders or self._flush_requested or self._aborts or self.num_loading:
             return False
+        if self.host is not None:
+            return not self.waiting or self._offload_plan(self.waiting[0],
+                                                          self.config.max_num_batched_tokens - self.num_decoders) in (None, ("skip",))
         return not self.waiting or self._admission_plan(self.waiting[0],
                                                         self.config.max_num_batched_tokens - self.num_decoders) is None
 
@@ -448,7 +472,15 @@ class SimEngine:
             self._computed(req, nc + n)
             if req.num_computed == req.num_tokens:
                 completed.append(req)
-        if not preempted:
+        if not preempted and self.host is not None:
+            num_tokens, attention, budget = self._admit_waiting_offload(start_s, num_tokens, attention, budget,
+                                                                        completed)
+            landing = [r.load_done_s for r in self.waiting if r.state == LOADING] if num_tokens == 0 else None
+            if landing:
+                # nothing to compute, copies in flight: vLLM's empty steps poll until one lands
+                self._inflight_end = max(start_s, min(landing))
+                return
+        elif not preempted:
             waiting = self.waiting
             while waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 req = waiting[0]
@@ -614,13 +646,24 @@ class SimEngine:
         req.state = WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(req)
+        if self.num_loading:
+            # Behind the waiting requests that hold blocks (loading or loaded), not at the very front
+            # as vLLM puts it: there it could wait, with nothing running, for blocks they hold while
+            # they wait behind it, forever. They hold their whole prompt, so they always fit.
+            i = 0
+            while i < len(self.waiting) and (self.waiting[i].state == LOADING or self.waiting[i].loaded):
+                i += 1
+            self.waiting.insert(i, req)
+        else:
+            self.waiting.appendleft(req)
 
     def _release_blocks(self, req: SimRequest, kv_tokens: int) -> None:
         """Free in reverse block order (tail first): own partial blocks, own cached blocks, the
         prefix blocks this request computed without caching them, then the shared prefix."""
         bs = self.block_size
         pool = self.pool
+        if self.host is not None:
+            self._offload_store(req, kv_tokens)
         own = req.stream
         # a decoder holds exactly the blocks its KV needs; a prefill holds its reservation
         alloc = max(req.alloc_blocks, -(-kv_tokens // bs))
@@ -641,11 +684,161 @@ class SimEngine:
         req.is_builder = False
         req.alloc_blocks = 0
 
+    # ------------------------------------------------------------------ CPU offload tier
+    def _offload_plan(self, req: SimRequest, budget: int) -> Optional[tuple]:
+        """What admitting the waiting ``req`` would do now, or None if it cannot be admitted:
+        ("resume", blocks to allocate, tokens) for a request whose host blocks have been loaded;
+        ("load", prefix hit, own hit, blocks to allocate, total blocks, host blocks) when blocks
+        after its GPU hit are in the host tier (vLLM get_num_new_matched_tokens: they are loaded,
+        the request takes no tokens this step); else ("admit", <_admission_plan>)."""
+        if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+            return None
+        bs = self.block_size
+        if req.loaded:
+            nc = req.num_computed
+            n = min(req.num_tokens - nc, budget)
+            need = max(0, -(-(nc + n) // bs) - req.alloc_blocks)
+            return None if need > self.pool.num_free else ("resume", need, n)
+        plan = self._admission_plan(req, budget)
+        own, prefix = req.stream, req.prefix
+        hit_prefix = min(prefix.cached, own.base, (req.num_tokens - 1) // bs) if prefix is not None else 0
+        hit_own = 0
+        if prefix is None or hit_prefix == own.base:
+            hit_own = min(own.cached, (req.num_tokens - 1) // bs - own.base)
+        h = hit_prefix + hit_own
+        k = self.host.lookup(prefix, own, h, req.num_tokens // bs)
+        if k == 0:
+            return None if plan is None else ("admit", plan)
+        if self.host.any_pinned(prefix, own, h, h + k):
+            return ("skip",)  # another request is loading some of these blocks: retry next step
+        total = -(-req.num_tokens // bs)  # a load reserves the whole prompt (see _preempt)
+        need = total - h
+        evictable = hit_own if own.ref_cnt == 0 else 0
+        if prefix is not None and prefix.ref_cnt == 0:
+            evictable += hit_prefix
+        if need + evictable > self.pool.num_free:
+            return None
+        return "load", hit_prefix, hit_own, need, total, k
+
+    def _admit_waiting_offload(self, start_s: float, num_tokens: int, attention: float, budget: int,
+                               completed: list) -> tuple[int, float, int]:
+        """The waiting loop with a host tier: requests whose copy is in flight are skipped (they
+        keep their place), a landed one is scheduled in place, head-of-line blocking otherwise."""
+        waiting = self.waiting
+        i = 0
+        while i < len(waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = waiting[i]
+            if req.state == LOADING:
+                if req.load_done_s > start_s:
+                    i += 1
+                    continue
+                self._finish_load(req)
+            plan = self._offload_plan(req, budget)
+            if plan is None:
+                break  # head-of-line blocking
+            if plan[0] == "skip":
+                i += 1
+                continue
+            if plan[0] == "load":
+                self._start_load(req, plan[1:], start_s)
+                i += 1
+                continue
+            del waiting[i]
+            if plan[0] == "resume":
+                _, need, n = plan
+                self.num_loading -= 1
+                req.loaded = False
+                self.pool.allocate(need)
+                req.alloc_blocks += need
+                hit_tokens = req.num_computed
+                if req.num_cached_tokens < 0:
+                    req.num_cached_tokens = hit_tokens
+                self.running[req] = None
+                req.state = RUNNING
+                req.admit_seq = self._admit_seq
+                self._admit_seq += 1
+                self._computed(req, hit_tokens + n)
+            else:
+                self.host.touch(req.prefix, req.stream, req.num_tokens // self.block_size)
+                self.external_prefix_cache_queries += req.num_tokens
+                hit_tokens, n = self._admit(req, plan[1])
+            attention += n * (hit_tokens + n / 2)
+            num_tokens += n
+            budget -= n
+            if req.num_computed == req.num_tokens:
+                completed.append(req)
+            else:
+                self.prefilling.append(req)
+        return num_tokens, attention, budget
+
+    def _start_load(self, req: SimRequest, plan: tuple, start_s: float) -> None:
+        """Allocate GPU blocks for the GPU hit and the host hit and start copying the host blocks."""
+        hit_prefix, hit_own, need, total, k = plan
+        bs = self.block_size
+        own, prefix = req.stream, req.prefix
+        if own.ref_cnt:
+            raise RuntimeError(f"stream {own.key!r} already has a request in the engine")
+        host = self.host
+        host.touch(prefix, own, req.num_tokens // bs)
+        if prefix is not None:
+            req.is_builder = prefix.ref_cnt == 0
+            req.prefix_hit_blocks = hit_prefix
+            self.pool.acquire(prefix, hit_prefix)
+        self.pool.acquire(own, hit_own)
+        self.pool.allocate(need)
+        req.alloc_blocks = total
+        h = hit_prefix + hit_own
+        host.pin(prefix, own, h, h + k)
+        req.load_start, req.load_blocks = h, k
+        req.store_from = h + k
+        req.load_done_s = start_s + host.config.transfer_s(k, bs)
+        req.state = LOADING
+        self.num_loading += 1
+        self.prefix_cache_queries += req.num_tokens
+        self.prefix_cache_hits += h * bs
+        self.external_prefix_cache_queries += req.num_tokens
+        self.external_prefix_cache_hits += k * bs
+        self.kv_offload_bytes_cpu_to_gpu += k * bs * host.config.kv_bytes_per_token
+
+    def _finish_load(self, req: SimRequest) -> None:
+        """The copy landed: the loaded blocks are computed (and cached); the last prompt token is
+        always recomputed (vLLM _update_waiting_for_remote_kv)."""
+        start, k = req.load_start, req.load_blocks
+        self.host.unpin(req.prefix, req.stream, start, start + k)
+        req.state = WAITING
+        req.loaded = True
+        self._computed(req, min((start + k) * self.block_size, req.num_tokens - 1))
+
+    def _cancel_load(self, req: SimRequest) -> None:
+        """Drop a waiting request's loaded or loading blocks (flush, abort): it starts over."""
+        if req.state == LOADING:
+            self.host.unpin(req.prefix, req.stream, req.load_start, req.load_start + req.load_blocks)
+        self.num_loading -= 1
+        kv_tokens = req.num_computed if req.loaded else req.load_start * self.block_size  # what is cached
+        req.loaded = False
+        self._release_blocks(req, kv_tokens)
+        req.num_computed = 0
+        req.state = WAITING
+
+    def _offload_store(self, req: SimRequest, kv_tokens: int) -> None:
+        """The request's full blocks from its next-store index on go to the host tier when it
+        finishes or is preempted (when vLLM's stores become visible)."""
+        end = kv_tokens // self.block_size
+        if end <= req.store_from:
+            return
+        stored = self.host.store(req.prefix, req.stream, req.store_from, end)
+        if stored is not None:
+            req.store_from = end
+            self.kv_offload_bytes_gpu_to_cpu += stored * self.block_size * self.host.config.kv_bytes_per_token
+
     def _apply_aborts(self) -> None:
         aborts, self._aborts = self._aborts, []
         g = self.step_index
         for req in aborts:
-            if req.state == WAITING:
+            if req.state == LOADING or req.loaded:
+                self.waiting.remove(req)
+                self._cancel_load(req)
+            elif req.state == WAITING:
                 self.waiting.remove(req)  # waiting requests hold no blocks (a preempted one freed them)
             elif req.state == RUNNING:
                 if req.is_decoder:
@@ -661,6 +854,10 @@ class SimEngine:
     def _apply_flush(self, now_s: float) -> None:
         self._flush_requested = False
         g = self.step_index
+        if self.num_loading:
+            for req in self.waiting:
+                if req.state == LOADING or req.loaded:
+                    self._cancel_load(req)
         for req in reversed(list(self.running)):
             self._preempt(req, g)
         self.pool.reset(self.streams.values())

@@ -56,7 +56,7 @@ from typing import Hashable, Optional
 from loadgen.sim.cost import StepCostModel
 from loadgen.sim.engine import EngineConfig, SimRequest
 
-WAITING, RUNNING, FINISHED = 0, 1, 2
+WAITING, RUNNING, FINISHED, LOADING = 0, 1, 2, 3
 
 
 def cdiv(a: int, b: int) -> int:
@@ -93,7 +93,8 @@ class RefState:
     """Everything the reference keeps about one request (SimRequest has fixed slots)."""
 
     __slots__ = ("req", "num_tokens", "num_computed", "blocks", "num_cached_blocks", "block_hashes",
-                 "prefill_done")
+                 "prefill_done",
+                 "store_from", "load_start", "load_blocks", "load_done_s", "loaded")
 
     def __init__(self, req: SimRequest) -> None:
         self.req = req
@@ -103,6 +104,12 @@ class RefState:
         self.num_cached_blocks = 0  # leading blocks of the table that carry their hash
         self.block_hashes: list[int] = []  # hash of each full block of the token stream so far
         self.prefill_done = False  # sampled since (re)admission: from now on it decodes
+        # CPU offload (vLLM OffloadingConnectorScheduler): next block index to store, the blocks
+        # being loaded, when their copy lands, whether the request waits with them loaded
+        self.store_from = 0
+        self.load_start = self.load_blocks = 0
+        self.load_done_s = 0.0
+        self.loaded = False
 
 
 class ReferenceEngine:
@@ -132,6 +139,16 @@ class ReferenceEngine:
         self._flush_requested = False
         self._aborts: list[SimRequest] = []
         self.flush_times_s: list[float] = []
+        # The CPU tier, as vllm/v1/kv_offload/lru_manager.py: block hash -> ref_cnt (loads in
+        # flight), in LRU order; capacity config.offload.cpu_blocks.
+        self.offload = config.offload
+        if self.offload is not None and not self.caching:
+            raise ValueError("the CPU offload tier needs prefix caching (blocks are found by their hashes)")
+        self.host: OrderedDict[int, int] = OrderedDict()
+        self.external_prefix_cache_queries = 0
+        self.external_prefix_cache_hits = 0
+        self.kv_offload_bytes_gpu_to_cpu = 0
+        self.kv_offload_bytes_cpu_to_gpu = 0
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self.num_preemptions = 0
@@ -374,7 +391,15 @@ class ReferenceEngine:
             i += 1
 
         # 2. waiting requests, FCFS, only if nothing was preempted
-        if not preempted:
+        if not preempted and self.offload is not None:
+            num_tokens, attention, budget = self._schedule_waiting_offload(start_s, scheduled, num_tokens,
+                                                                           attention, budget)
+            if num_tokens == 0 and any(r.state == LOADING for r in self.waiting):
+                self._inflight = []
+                self._inflight_end = max(start_s, min(self.states[r].load_done_s for r in self.waiting
+                                                      if r.state == LOADING))
+                return
+        elif not preempted:
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 req = self.waiting[0]
                 st = self.states[req]
@@ -440,6 +465,7 @@ class ReferenceEngine:
             if req.generated >= req.max_tokens:
                 st = self.states[req]
                 self.running.remove(req)
+                self._host_store(st)
                 self._free_request_blocks(st)
                 req.state = FINISHED
                 req.num_tokens = st.num_tokens
@@ -448,23 +474,161 @@ class ReferenceEngine:
                 done.append(req)
         return first, done
 
+    # ------------------------------------------------------------------ CPU offload tier
+    def _host_touch(self, hashes: list[int]) -> None:
+        """LRUOffloadingManager.touch: reversed, so the request's first block is the most recent."""
+        for h in reversed(hashes):
+            if h in self.host:
+                self.host.move_to_end(h)
+
+    def _host_lookup(self, hashes: list[int]) -> int:
+        hits = 0
+        for h in hashes:
+            if h not in self.host:
+                break
+            hits += 1
+        return hits
+
+    def _host_store(self, st: RefState) -> None:
+        """prepare_store + complete_store of the request's full blocks from its next-store index:
+        filter resident ones, evict LRU blocks no load holds (all or nothing), append, touch."""
+        if self.offload is None:
+            return
+        end = min(st.num_computed, st.num_tokens) // self.block_size
+        if end <= st.store_from:
+            return
+        hashes = self._hashes(st, end)
+        new = [h for h in hashes[st.store_from:end] if h not in self.host]
+        if new:
+            to_evict = len(new) - (self.offload.cpu_blocks - len(self.host))
+            if to_evict > 0:
+                victims = [h for h, ref_cnt in self.host.items() if ref_cnt == 0][:to_evict]
+                if len(victims) < to_evict:
+                    return  # cannot store: retried at the next store
+                for h in victims:
+                    del self.host[h]
+            for h in new:
+                self.host[h] = 0
+            self._host_touch(hashes[:end])
+            self.kv_offload_bytes_gpu_to_cpu += len(new) * self.block_size * self.offload.kv_bytes_per_token
+        st.store_from = end
+
+    def _cancel_load(self, st: RefState) -> None:
+        req = st.req
+        if req.state == LOADING:
+            for h in st.block_hashes[st.load_start:st.load_start + st.load_blocks]:
+                self.host[h] -= 1
+        self._free_request_blocks(st)
+        st.loaded = False
+        st.num_computed = 0
+        req.state = WAITING
+
+    def _schedule_waiting_offload(self, start_s: float, scheduled: list, num_tokens: int, attention: float,
+                                  budget: int) -> tuple[int, float, int]:
+        """vLLM's waiting loop with the offloading connector: a request whose copy is in flight is
+        skipped and keeps its place; one whose copy landed continues from the loaded blocks; a fresh
+        one looks up the host tier after its GPU hit and, on a hit, is parked while it loads."""
+        cfg = self.config
+        bs = self.block_size
+        i = 0
+        while i < len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = self.waiting[i]
+            st = self.states[req]
+            if req.state == LOADING:
+                if st.load_done_s > start_s:
+                    i += 1
+                    continue
+                for h in st.block_hashes[st.load_start:st.load_start + st.load_blocks]:
+                    self.host[h] -= 1
+                req.state = WAITING
+                st.loaded = True
+                st.num_computed = min((st.load_start + st.load_blocks) * bs, st.num_tokens - 1)
+                self._cache_blocks(st)
+            if st.loaded:
+                nc = st.num_computed
+                n = min(st.num_tokens - nc, budget)
+                if not self._allocate_slots(st, nc + n):
+                    break
+                st.loaded = False
+                hit_tokens = nc
+            else:
+                hit = self._get_computed_blocks(st)
+                h = len(hit)
+                hashes = self._hashes(st, st.num_tokens // bs)
+                k = self._host_lookup(hashes[h:])
+                if k and any(self.host[hh] > 0 for hh in hashes[h:h + k]):
+                    i += 1  # vLLM _blocks_being_loaded: another request loads some of them; retry next step
+                    continue
+                if cfg.reserve_full_prompt or k:  # a load reserves the whole prompt
+                    total = cdiv(st.num_tokens, bs)
+                else:
+                    total = cdiv(h * bs + min(st.num_tokens - h * bs, budget), bs)
+                need = total - h
+                evictable = sum(1 for blk in hit if blk.ref_cnt == 0)
+                if need + evictable > len(self.free_queue):
+                    break  # head-of-line blocking
+                self._host_touch(hashes)
+                self._touch(hit)
+                st.blocks = list(hit) + self._get_new_blocks(need)
+                st.num_cached_blocks = h
+                st.prefill_done = False
+                self.prefix_cache_queries += st.num_tokens
+                self.prefix_cache_hits += h * bs
+                self.external_prefix_cache_queries += st.num_tokens
+                if k:
+                    for hh in hashes[h:h + k]:
+                        self.host[hh] += 1
+                    st.load_start, st.load_blocks = h, k
+                    st.store_from = h + k
+                    st.num_computed = 0
+                    st.load_done_s = start_s + self.offload.transfer_s(k, bs)
+                    req.state = LOADING
+                    self.external_prefix_cache_hits += k * bs
+                    self.kv_offload_bytes_cpu_to_gpu += k * bs * self.offload.kv_bytes_per_token
+                    i += 1
+                    continue
+                hit_tokens = h * bs
+                st.num_computed = hit_tokens
+                n = min(st.num_tokens - hit_tokens, budget)
+            del self.waiting[i]
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = hit_tokens
+            req.state = RUNNING
+            self.running.append(req)
+            attention += n * (hit_tokens + n / 2)
+            num_tokens += n
+            budget -= n
+            st.num_computed += n
+            self._cache_blocks(st)
+            scheduled.append((st, n))
+        return num_tokens, attention, budget
+
     def _preempt(self, req: SimRequest) -> None:
         st = self.states[req]
+        self._host_store(st)
         self._free_request_blocks(st)
         st.num_computed = 0
         st.prefill_done = False
         req.state = WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(req)
+        # behind waiting requests that hold blocks (loading or loaded): SimEngine._preempt says why
+        i = 0
+        while i < len(self.waiting) and (self.waiting[i].state == LOADING or self.states[self.waiting[i]].loaded):
+            i += 1
+        self.waiting.insert(i, req)
 
     def _apply_aborts(self) -> None:
         aborts, self._aborts = self._aborts, []
         for req in aborts:
-            if req.state == WAITING:
+            if req.state == LOADING or (req.state == WAITING and self.states[req].loaded):
+                self.waiting.remove(req)
+                self._cancel_load(self.states[req])
+            elif req.state == WAITING:
                 self.waiting.remove(req)
             elif req.state == RUNNING:
                 self.running.remove(req)
+                self._host_store(self.states[req])
                 self._free_request_blocks(self.states[req])
             else:
                 continue
@@ -473,6 +637,9 @@ class ReferenceEngine:
 
     def _apply_flush(self, now_s: float) -> None:
         self._flush_requested = False
+        for req in self.waiting:
+            if req.state == LOADING or self.states[req].loaded:
+                self._cancel_load(self.states[req])
         while self.running:
             self._preempt(self.running.pop())
         assert len(self.free_queue) == self.num_usable

@@ -151,7 +151,8 @@ def run_workload(cls, wl: Workload, check_invariants: bool = True) -> RunResult:
     assert engine.kv_usage() == 0.0
     res.counters = {name: getattr(engine, name) for name in (
         "prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "num_steps",
-        "prompt_tokens_total", "generation_tokens_total")}
+        "prompt_tokens_total", "generation_tokens_total", "external_prefix_cache_queries",
+        "external_prefix_cache_hits", "kv_offload_bytes_gpu_to_cpu", "kv_offload_bytes_cpu_to_gpu")}
     res.flush_times_s = list(engine.flush_times_s)
     return res
 
