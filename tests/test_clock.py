@@ -64,3 +64,113 @@ def test_a_90_minute_sleep_takes_no_real_time():
     clock.spawn(long_sleep())
     clock.run()
     assert clock.now() == 5400
+
+
+# ---------------------------------------------------------------- lateness (docs/results-format.md#lag)
+import asyncio  # noqa: E402
+
+from loadgen.core.clock import WallClock  # noqa: E402
+from loadgen.core.lateness import LatenessHistogram, lag_report  # noqa: E402
+
+
+class FakeMonotonic:
+    """A monotonic time source the test moves by hand: a 'slow' callback advances it."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_wall_clock_measures_how_late_timers_and_sleeps_wake_in_scaled_seconds():
+    fake = FakeMonotonic()
+    fired = []
+
+    async def main():
+        clock = WallClock(time_scale=10.0, time_source=fake)
+        fake.t += 1.0  # 1 s of real time passes: run time 10 s
+
+        def slow():  # a callback that holds the event loop for 0.3 s of real time
+            fired.append(("slow", clock.now()))
+            fake.t += 0.3
+
+        # both already due, so the loop runs them at once, in deadline order, with no real wait
+        clock.call_at(9.0, slow)
+        clock.call_at(9.5, lambda: fired.append(("next", clock.now())))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+        async def sleeper():
+            await clock.sleep(0.0)
+            fired.append(("woke", clock.now()))
+
+        task = clock.spawn(sleeper())
+        await asyncio.sleep(0)  # the sleeper is now asleep
+        fake.t += 0.05  # the loop is held for 0.05 s before it can wake the sleeper
+        await task
+        return clock
+
+    clock = asyncio.run(main())
+    assert [name for name, _ in fired] == ["slow", "next", "woke"]
+    late = clock.lateness
+    # slow fired 1 s (scaled) late; next waited for slow: 13 - 9.5; the sleeper woke 0.5 late
+    assert late.count == 3 and late.max_s == pytest.approx(3.5) and late.sum_s == pytest.approx(5.0)
+    summary = late.summary()
+    assert summary["num_timers"] == 3 and summary["max_s"] == pytest.approx(3.5)
+    assert 1.0 <= summary["p50_s"] <= 1.0 * 1.1  # the median timer, to one bucket (at most 9% high)
+    assert summary["p99_s"] == pytest.approx(3.5)  # capped at the exact maximum
+
+
+def test_a_cancelled_wall_clock_timer_records_nothing():
+    fake = FakeMonotonic()
+
+    async def main():
+        clock = WallClock(time_scale=2.0, time_source=fake)
+        clock.call_at(0.0, lambda: None).cancel()
+        await asyncio.sleep(0)
+        return clock
+
+    assert asyncio.run(main()).lateness.count == 0
+
+
+def test_virtual_time_is_never_late():
+    clock = VirtualClock()
+
+    async def sleeper():
+        for _ in range(5):
+            await clock.sleep(1.5)
+
+    clock.spawn(sleeper())
+    clock.call_at(3.0, lambda: None)
+    clock.run()
+    assert clock.lateness.summary() == {"num_timers": 0, "p50_s": 0.0, "p99_s": 0.0, "max_s": 0.0}
+
+
+def test_a_snapshot_difference_is_one_window_of_a_long_lived_histogram():
+    # serve-sim's histogram lives across runs: a run takes the difference of two snapshots
+    hist = LatenessHistogram()
+    for late in (0.001, 0.002, 5.0):  # an earlier run, one timer 5 s late
+        hist.record(late)
+    before = LatenessHistogram.from_json(hist.to_json())
+    for late in [0.01] * 98 + [0.2, 0.3]:
+        hist.record(late)
+    window = hist.since(before)
+    assert window.count == 100 and window.sum_s == pytest.approx(0.98 + 0.5)
+    s = window.summary()
+    assert 0.01 <= s["p50_s"] <= 0.011 and 0.2 <= s["p99_s"] <= 0.22
+    assert 0.3 <= s["max_s"] <= 0.33  # the earlier run's 5 s is not this window's
+
+
+def test_a_run_is_lagging_when_the_worse_sides_p99_passes_5_percent_of_the_median_turn():
+    driver, server = LatenessHistogram(), LatenessHistogram()
+    for _ in range(100):
+        driver.record(0.01)
+        server.record(0.2)
+    lagging, lag = lag_report(driver, server, median_turn_s=2.0)  # bound 0.1 s
+    assert lagging and lag["source"] == "server" and lag["bound_s"] == pytest.approx(0.1)
+    assert lag["p99_s"] == lag["server"]["p99_s"] >= 0.2 and lag["driver"]["p99_s"] < 0.011
+    lagging, lag = lag_report(driver, None, median_turn_s=2.0)  # a real server: the driver's own
+    assert not lagging and lag["source"] == "driver" and lag["server"] is None
+    lagging, lag = lag_report(server, None, median_turn_s=None)  # no completed turn: no bound
+    assert not lagging and lag["bound_s"] is None

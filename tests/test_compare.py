@@ -97,3 +97,23 @@ def test_compare_command_exits_2_naming_the_difference(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "did not run the same experiment: workload.arrival_rate_per_s (0.03 vs 0.05)" in proc.stderr
     assert not (real / "compare").exists()
+
+
+def test_compare_names_live_runs_that_fell_behind_their_time_scale(tmp_path, capsys):
+    from loadgen.cli import main
+
+    real, sim = _dir(tmp_path / "real", 0.1), _dir(tmp_path / "sim", 0.2)
+    run_json = real / "runs" / "burst-s1" / "run.json"
+    # what a live run whose serve-sim fell behind writes (loadgen.live.runner, lag_report)
+    info = json.loads(run_json.read_text())
+    info.update(lagging=True, lag={"p50_s": 0.02, "p99_s": 0.4, "max_s": 0.5, "bound_s": 0.1, "source": "server"})
+    run_json.write_text(json.dumps(info))
+    result = compare_runs(real, sim, width_s=300)
+    assert result["lagging"] == [{"side": "real", "run_id": "burst-s1"}]
+    assert main(["compare", str(real), str(sim), "--out", str(tmp_path / "cmp")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if line.startswith("warning: lagging runs")][0].endswith(": real burst-s1")
+    assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["lagging"] == result["lagging"]
+    # without the flag (simulated runs, older live runs) there is no warning
+    assert compare_runs(sim, sim, width_s=300)["lagging"] == []
+    assert "warning: lagging" not in format_comparison(compare_runs(sim, sim, width_s=300))

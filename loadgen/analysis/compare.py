@@ -18,6 +18,7 @@ import numpy as np
 
 from .outcomes import run_outcome
 from .runs import load_run
+from .tables import lag_warning
 from .windows import window_series
 from ..core.recording import write_json_atomic
 from ..core.same_spec import compared_fields, describe_differences, spec_differences
@@ -109,6 +110,11 @@ def compare_runs(real_dir: Path, sim_dir: Path, width_s: float = 300.0) -> dict:
     return {"real_dir": str(real_dir), "sim_dir": str(sim_dir), "window_s": width_s, "runs": runs,
             "only_real": sorted(set(real_runs) - set(sim_runs)), "only_sim": sorted(set(sim_runs) - set(real_runs)),
             "left_out": left_out,
+            # live runs whose driver or serve-sim fell behind the time scale (run.json "lagging"):
+            # where they disagree with the simulator, the lag may be why
+            "lagging": [{"side": side, "run_id": run_id} for run_id in common
+                        for side, runs_of_side in (("real", real_runs), ("sim", sim_runs))
+                        if runs_of_side[run_id][1].get("lagging")],
             "end_state_agreement": sum(r["end_state_agrees"] for r in runs) / len(runs),
             "hit_ratio_mean_abs_diff": float(np.mean(diffs)) if diffs else None}
 
@@ -136,6 +142,9 @@ def format_comparison(result: dict) -> str:
                  f"{'n/a' if result['hit_ratio_mean_abs_diff'] is None else format(result['hit_ratio_mean_abs_diff'], '.3f')}")
     if result.get("left_out"):
         lines.append(f"left out (only completed runs are compared): {_left_out_text(result['left_out'])}")
+    warning = lag_warning([f"{e['side']} {e['run_id']}" for e in result.get("lagging") or []])
+    if warning:
+        lines.append(warning)
     return "\n".join(lines)
 
 

@@ -90,4 +90,7 @@ def run_outcome(run: RunData) -> dict:
             json_float(float(degraded.mean())) if len(degraded) else None
         ),
         "degraded_only_in_final_window": degraded_only_in_final_window(degraded),
+        # added with lag measurement (docs/results-format.md#lag): a live run whose driver or
+        # serve-sim fell behind its time scale; false for simulated runs and older run.json files
+        "lagging": bool(info.get("lagging", False)),
     }

@@ -143,7 +143,18 @@ def format_outcome_table(summary: Mapping[str, Any]) -> str:
     unreadable = summary.get("unreadable_runs") or []
     if unreadable:
         lines.append(f"unreadable runs (not counted): {', '.join(e['run_id'] for e in unreadable)}")
+    warning = lag_warning([run["run_id"] for run in summary.get("runs", []) if run.get("lagging")])
+    if warning:
+        lines.append(warning)
     return "\n".join(lines)
+
+
+def lag_warning(run_ids: Sequence[str]) -> Optional[str]:
+    """The line naming runs that fell behind their time scale (run.json ``lagging``), or None."""
+    if not run_ids:
+        return None
+    return (f"warning: lagging runs (the load generator or serve-sim fell behind the time scale, so their "
+            f"timings are not the spec's; run.json \"lag\" has the figures): {', '.join(run_ids)}")
 
 def _fmt_recovery_minutes(minutes: Optional[float]) -> str:
     """docs/experiments.md#measurements: recovery times under 5 minutes are reported as "<5"."""

@@ -8,7 +8,9 @@ Session, gateway, workload and recording code only ever use a ``Clock``: ``now()
   the next, so a 90-minute run takes as long as its events take to process. Ties are broken by
   insertion order, so the same program gives the same event order, bit for bit.
 * ``WallClock``: the same surface over asyncio and the system's monotonic clock, optionally
-  scaled (``time_scale=X`` makes every workload time X times shorter in real time).
+  scaled (``time_scale=X`` makes every workload time X times shorter in real time). It measures
+  how late each timer and sleep wakes against the scaled clock (``lateness``, in workload
+  seconds; loadgen/core/lateness.py), since a busy loop silently stretches every workload time.
 
 Nothing else in the project may read the system time (Trio's Clock/MockClock, SimPy's
 Environment/RealtimeEnvironment).
@@ -22,6 +24,8 @@ import time
 from collections import deque
 from typing import Any, Awaitable, Callable, Coroutine, Optional, Protocol
 
+from .lateness import LatenessHistogram
+
 
 class TimerHandle(Protocol):
     def cancel(self) -> None: ...
@@ -29,6 +33,8 @@ class TimerHandle(Protocol):
 
 class Clock(Protocol):
     """What sessions, the gateway and the engine adapters may ask of time."""
+
+    lateness: LatenessHistogram  # how late timers fired against this clock (never, in virtual time)
 
     def now(self) -> float: ...
 
@@ -147,6 +153,7 @@ class VirtualClock:
 
     def __init__(self, start_s: float = 0.0) -> None:
         self._now = start_s
+        self.lateness = LatenessHistogram()  # stays empty: a virtual timer fires exactly on time
         self._heap: list = []
         self._seq = 0
         self._ready: deque = deque()
@@ -203,30 +210,47 @@ def epoch_s() -> float:
 
 
 class WallClock:
-    """Real time through asyncio; ``time_scale`` X compresses every workload time X-fold."""
+    """Real time through asyncio; ``time_scale`` X compresses every workload time X-fold.
+
+    ``lateness`` records, for every ``call_at`` callback and every ``sleep``, how much later than
+    due (in scaled seconds) it ran. ``time_source`` (seconds, monotonic; default the loop's clock)
+    is injectable so tests can drive lateness with a fake time instead of real waits."""
 
     is_virtual = False
 
     def __init__(self, time_scale: float = 1.0, loop: Optional[asyncio.AbstractEventLoop] = None,
-                 origin_epoch_s: Optional[float] = None) -> None:
+                 origin_epoch_s: Optional[float] = None, time_source: Optional[Callable[[], float]] = None) -> None:
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.time_scale = time_scale
         self._loop = loop or asyncio.get_event_loop()
-        self._t0 = self._loop.time()
+        self._time = time_source or self._loop.time
+        self._own_time_source = time_source is not None
+        self._t0 = self._time()
         if origin_epoch_s is not None:
             # run time 0 at an agreed moment, so clocks in other processes (Ray actors, other
             # nodes) stamp the same run on one time axis; the loop's clock is per-process
             self._t0 += origin_epoch_s - epoch_s()
+        self.lateness = LatenessHistogram()
 
     def now(self) -> float:
-        return (self._loop.time() - self._t0) * self.time_scale
+        return (self._time() - self._t0) * self.time_scale
 
-    def sleep(self, delay_s: float) -> Awaitable[None]:
-        return asyncio.sleep(max(0.0, delay_s) / self.time_scale)
+    async def sleep(self, delay_s: float) -> None:
+        due_s = self.now() + max(0.0, delay_s)
+        await asyncio.sleep(max(0.0, delay_s) / self.time_scale)
+        # measured when the sleeper resumes: that is when the session acts on it
+        self.lateness.record(self.now() - due_s)
 
     def call_at(self, when_s: float, callback: Callable[..., Any], *args: Any) -> asyncio.TimerHandle:
-        return self._loop.call_at(self._t0 + when_s / self.time_scale, callback, *args)
+        deadline = self._t0 + when_s / self.time_scale
+        if self._own_time_source:  # the loop schedules on its own clock: the same distance from now
+            deadline += self._loop.time() - self._time()
+        return self._loop.call_at(deadline, self._fire, when_s, callback, args)
+
+    def _fire(self, when_s: float, callback: Callable[..., Any], args: tuple) -> None:
+        self.lateness.record(self.now() - when_s)
+        callback(*args)
 
     def create_future(self) -> asyncio.Future:
         return self._loop.create_future()

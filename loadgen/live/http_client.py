@@ -29,6 +29,10 @@ import orjson
 
 from ..core.clock import Clock
 from ..core.engines import EngineMetrics, TurnRequest, TurnResult
+from ..core.lateness import LatenessHistogram
+
+# serve-sim's lateness histogram (JSON); a real server answers 404 and has no lag of its own to report
+LAG_PATH = "/loadgen/lag"
 
 
 class TransportError(Exception):
@@ -381,6 +385,16 @@ class OpenAIEngineClient:
             return (await self.scrape()).metrics
         except (TransportError, HttpStatusError, ValueError):
             return EngineMetrics(-1, -1, math.nan, -1, -1, -1)
+
+    async def server_lateness(self) -> Optional[LatenessHistogram]:
+        """The server's own timer lateness so far (serve-sim's ``/loadgen/lag``), or None when the
+        server does not measure it (vLLM, SGLang) or cannot be asked: lag is a diagnosis, never a
+        reason to fail a run."""
+        try:
+            data = await self._json("GET", LAG_PATH, timeout_s=10.0)
+            return LatenessHistogram.from_json(data["lateness"])
+        except Exception:  # whatever a server (or a test double) answers to a path it does not serve
+            return None
 
     async def flush_async(self) -> float:
         """Reset the server's prefix cache, preempting running requests; returns when it happened."""

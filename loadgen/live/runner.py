@@ -3,7 +3,9 @@
 Only the two seams change: a ``WallClock`` (optionally time-scaled) and an
 ``OpenAIEngineClient``. Before any load the endpoint is preflighted; during the run the
 server's /metrics is scraped into samples.parquet; failed turns are recorded and retried per
-the spec; a run whose engine stops answering ends with status ``engine_lost``.
+the spec; a run whose engine stops answering ends with status ``engine_lost``. A run whose timers
+(or serve-sim's step completions) ran too late against the scaled clock is marked ``lagging``
+(loadgen/core/lateness.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from controllers import make_policy
 
 from ..core.clock import WallClock
 from ..core.gateway import Gateway
+from ..core.lateness import lag_report
 from .progress import LiveProgress, LiveSnapshot
 from .http_client import EndpointOptions, OpenAIEngineClient, PreflightError, Transport, api_key_from_env
 from ..core.recording import RunRecorder, write_json_atomic
@@ -113,6 +116,7 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
             await client.close()
         raise
 
+    server_lateness_before = await client.server_lateness()  # serve-sim's, since it started
     clock = WallClock(spec.time_scale)  # run time 0 is now, after the preflight
     client.clock = clock
     gateway = Gateway(clock, make_policy(ctl.name, **ctl.params), client.pool_tokens, ctl.start_s)
@@ -174,6 +178,7 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
             task.cancel()
         await asyncio.gather(sampler_task, *tasks, return_exceptions=True)
         recorder.close()
+        server_lateness = await client.server_lateness()
         await client.close()
     c = env.counts
     status, error = ("engine_lost", info.get("status_reason")) if stop.is_set() else ("completed", None)
@@ -185,5 +190,28 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
                         "sessions_crashed": c.crashed_total,
                         "turns_completed": recorder.turns_completed, "flush_times_s": client.flush_times_s,
                         "flush_errors": flush_errors})
+    if server_lateness is not None and server_lateness_before is not None:
+        server_lateness = server_lateness.since(server_lateness_before)  # this run's window only
+    # a flag beside the status, not a failure: the rows are what happened, on a clock that slipped
+    info["lagging"], info["lag"] = lag_report(clock.lateness, server_lateness,
+                                              median_turn_latency_s(run_dir / "turns.parquet"))
     write_json_atomic(run_dir / "run.json", info)
     return info
+
+
+def median_turn_latency_s(turns_path: Path) -> Optional[float]:
+    """Median admit-to-finish time of a run's successful turns (workload seconds): the time scale
+    the lag bound is a fraction of. None when no turn succeeded or the file cannot be read."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        turns = pq.read_table(turns_path, columns=["admit_s", "finish_s", "error"])
+    except (OSError, pa.ArrowException):
+        return None
+    ok = np.asarray(turns.column("error").is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    latency = (np.asarray(turns.column("finish_s").to_numpy(zero_copy_only=False), dtype=float)
+               - np.asarray(turns.column("admit_s").to_numpy(zero_copy_only=False), dtype=float))[ok]
+    latency = latency[np.isfinite(latency)]
+    return float(np.median(latency)) if len(latency) else None

@@ -5,6 +5,12 @@ Endpoints: ``/v1/completions`` (token-id or text prompts, streamed or not, ``usa
 ``/v1/models``, ``/health``, ``/metrics`` (vLLM's names, ``vllm:cache_config_info`` included)
 and ``POST /reset_prefix_cache``. Bound to 127.0.0.1 unless told otherwise.
 
+serve-sim measures how late it delivers the engine's step completions against its scaled clock
+(a busy machine or a high ``--time-scale`` makes it fall behind): ``/metrics`` has the gauges
+``loadgen_serve_sim_lag_{p50,p99,max}_seconds`` (since start, in scaled seconds) and
+``GET /loadgen/lag`` the whole histogram, which the live runner reads at a run's start and end
+to mark a run whose server fell behind (run.json ``lagging``, docs/results-format.md#lag).
+
 The simulated engine reasons about streams, not tokens, so requests are mapped onto streams by
 content: block hashes chained as vLLM chains them. A request whose prompt covers every block
 recorded for a stream (and extends it) continues that stream; anything else starts a new
@@ -25,6 +31,7 @@ import orjson
 from ..core.clock import WallClock
 from ..core.engines import SimEngineClient
 from ..core.workload import Stream, rng_for
+from .http_client import LAG_PATH
 from ..sim import EngineConfig, SimRequest, StepCostModel
 
 
@@ -121,6 +128,7 @@ class SimServer:
         app.add_routes([
             web.get("/health", self.health), web.get("/v1/models", self.models), web.get("/metrics", self.metrics),
             web.post("/v1/completions", self.completions), web.post("/reset_prefix_cache", self.reset),
+            web.get(LAG_PATH, self.lag),
         ])
         return app
 
@@ -134,6 +142,12 @@ class SimServer:
 
         return web.json_response({"object": "list", "data": [
             {"id": self.model, "object": "model", "owned_by": "agent-loadgen", "max_model_len": self.config.max_model_len}]})
+
+    async def lag(self, request):
+        from aiohttp import web
+
+        clock = self._engine().clock
+        return web.json_response({"time_scale": self.time_scale, "lateness": clock.lateness.to_json()}, dumps=_dumps)
 
     async def reset(self, request):
         from aiohttp import web
@@ -165,6 +179,11 @@ class SimServer:
             f'vllm:cache_config_info{{block_size="{c.block_size}",enable_prefix_caching="{c.enable_prefix_caching}",'
             f'num_gpu_blocks="{c.num_blocks}"}} 1.0',
         ]
+        # how late engine steps complete against the scaled clock, since serve-sim started
+        lag = client.clock.lateness.summary()
+        for name, key in (("p50", "p50_s"), ("p99", "p99_s"), ("max", "max_s")):
+            lines += [f"# TYPE loadgen_serve_sim_lag_{name}_seconds gauge",
+                      f"loadgen_serve_sim_lag_{name}_seconds {lag[key]!r}"]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def completions(self, request):
