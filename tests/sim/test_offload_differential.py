@@ -18,10 +18,10 @@ from .test_differential import Workload, assert_same, random_workload, run_workl
 
 
 def random_offload_workload(seed: int) -> Workload:
-    """``random_workload(seed)`` with prefix caching on and a host tier drawn from its own generator:
+    """``random_workload(seed)`` (odd seeds with aborted requests) with prefix caching on and a host tier drawn from its own generator:
     from one block (every store evicts) to several times the GPU pool, copies from instant to
     several steps long."""
-    wl = random_workload(seed)
+    wl = random_workload(seed, with_aborts=seed % 2 == 1)  # aborted turns are retried: their blocks are on the host
     rng = random.Random(f"offload/{seed}")
     num_blocks = wl.knobs["num_blocks"]
     cpu_blocks = rng.choice([1, 2, num_blocks // 2 + 1, num_blocks, 3 * num_blocks, 10 * num_blocks])
