@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -57,6 +58,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if live and num_to_run:  # wall-clock runs: say up front what the whole spec will take
         console.print(f"estimate: {describe_estimate(num_to_run, spec.duration_s, spec.time_scale)}")
     failed = []
+    lagging = []  # (run id, run.json "lag") of live runs that fell behind their time scale
     runs_left = [num_to_run]
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console,
@@ -83,6 +85,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             status = info.get("status")
             if status != "completed":
                 failed.append((key.run_id, info.get("error")))
+            if info.get("lagging"):
+                lagging.append((key.run_id, info["lag"]))
             counts = info.get("counts", {})
             progress.update(task, advance=1, last=f"{key.run_id}: {status}, {counts.get('turns_completed', 0)} turns, "
                                                   f"{wall_s:.2f} s")
@@ -93,6 +97,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
                        on_progress=progressed if live else None)
     for run_id, error in failed:
         console.print(f"[red]run {run_id} failed:[/red] {error}")
+    for run_id, lag in lagging:  # a flag, not a failure: the exit code stays as it is
+        console.print(f"[yellow]warning: run {run_id} lagged[/yellow]: the {lag['source']}'s timers fired "
+                      f"p99 {lag['p99_s']:.3g} s late (max {lag['max_s']:.3g} s) in run time, over the bound "
+                      f"{lag['bound_s']:.3g} s (5% of the median turn); a lower --time-scale or a quieter "
+                      "machine (docs/results-format.md#lag)", soft_wrap=True)
     unreadable = _report(out, console, figures=not args.no_figures) if not args.no_report else []
     return 1 if failed or unreadable else 0
 
@@ -385,6 +394,14 @@ def _cmd_serve_sim(args: argparse.Namespace) -> int:
     config = EngineConfig(num_blocks=args.pool_tokens // args.block_size, block_size=args.block_size,
                           max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                           enable_prefix_caching=not args.no_prefix_caching)
+    if args.offload_cpu_tokens is not None:  # the CPU tier with its documented copy-cost defaults
+        try:
+            offload = SimEngineSpec(pool_tokens=config.pool_tokens, block_size=args.block_size,
+                                    enable_prefix_caching=not args.no_prefix_caching,
+                                    offload={"cpu_tokens": args.offload_cpu_tokens}).offload_config()
+        except ValueError as exc:
+            raise SpecError(f"--offload-cpu-tokens: {str(exc).splitlines()[-1].strip()}") from None
+        config = dataclasses.replace(config, offload=offload)
     server = SimServer(config, cost, time_scale=args.time_scale, model=args.model)
 
     async def main() -> None:
@@ -562,6 +579,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cost-model", default="qwen3-8b-mi300x", help="preset name or cost.json path")
     serve.add_argument("--zero-cost", action="store_true", help="every step takes no time (load-generator benchmarks)")
     serve.add_argument("--no-prefix-caching", action="store_true")
+    serve.add_argument("--offload-cpu-tokens", type=int, default=None, metavar="N",
+                       help="a CPU KV offload tier of N tokens (vLLM's native offloading)")
     serve.add_argument("--model", default="sim", help="the served model name")
     serve.set_defaults(func=_cmd_serve_sim)
 

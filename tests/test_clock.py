@@ -160,6 +160,9 @@ def test_a_snapshot_difference_is_one_window_of_a_long_lived_histogram():
     s = window.summary()
     assert 0.01 <= s["p50_s"] <= 0.011 and 0.2 <= s["p99_s"] <= 0.22
     assert 0.3 <= s["max_s"] <= 0.33  # the earlier run's 5 s is not this window's
+    restarted = LatenessHistogram()  # serve-sim restarted between the snapshots: all of it is the window
+    restarted.record(0.5)
+    assert restarted.since(before).summary() == {"num_timers": 1, "p50_s": 0.5, "p99_s": 0.5, "max_s": 0.5}
 
 
 def test_a_run_is_lagging_when_the_worse_sides_p99_passes_5_percent_of_the_median_turn():

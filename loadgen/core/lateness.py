@@ -96,7 +96,10 @@ class LatenessHistogram:
     def since(self, earlier: "LatenessHistogram") -> "LatenessHistogram":
         """The timers recorded after the snapshot ``earlier`` of this same histogram. The window's
         maximum is not kept by the histogram: it is its highest bucket's upper edge (capped at the
-        overall maximum), so it reads up to one bucket (9%) high."""
+        overall maximum), so it reads up to one bucket (9%) high. A histogram with fewer timers
+        than the snapshot started again (serve-sim restarted): all of it is the window."""
+        if self.count < earlier.count:
+            return LatenessHistogram.from_json(self.to_json())
         out = LatenessHistogram()
         out.count = self.count - earlier.count
         out.sum_s = self.sum_s - earlier.sum_s
