@@ -179,6 +179,21 @@ class SimServer:
             f'vllm:cache_config_info{{block_size="{c.block_size}",enable_prefix_caching="{c.enable_prefix_caching}",'
             f'num_gpu_blocks="{c.num_blocks}"}} 1.0',
         ]
+        if getattr(eng, "host", None) is not None:
+            # the CPU offload tier under vLLM's names: tokens looked up in / served from it
+            # (vllm:external_prefix_cache_*) and bytes copied each way (vllm:kv_offload_total_bytes)
+            lines += [
+                "# TYPE vllm:external_prefix_cache_queries counter",
+                f'vllm:external_prefix_cache_queries_total{{model_name="{self.model}"}} '
+                f'{eng.external_prefix_cache_queries}',
+                "# TYPE vllm:external_prefix_cache_hits counter",
+                f'vllm:external_prefix_cache_hits_total{{model_name="{self.model}"}} {eng.external_prefix_cache_hits}',
+                "# TYPE vllm:kv_offload_total_bytes counter",
+                f'vllm:kv_offload_total_bytes_total{{model_name="{self.model}",transfer_type="GPU_to_CPU"}} '
+                f'{eng.kv_offload_bytes_gpu_to_cpu}',
+                f'vllm:kv_offload_total_bytes_total{{model_name="{self.model}",transfer_type="CPU_to_GPU"}} '
+                f'{eng.kv_offload_bytes_cpu_to_gpu}',
+            ]
         # how late engine steps complete against the scaled clock, since serve-sim started
         lag = client.clock.lateness.summary()
         for name, key in (("p50", "p50_s"), ("p99", "p99_s"), ("max", "max_s")):
