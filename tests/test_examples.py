@@ -89,3 +89,74 @@ def test_sglang_example_runs_shortened(tmp_path, name):
     assert {run["arm"]: run["engine_flavor"] for run in summary["runs"]} == want
     turns = sum(r["counts"]["turns_completed"] for r in results)
     assert turns > 100 * len(spec.arms)
+
+
+# ---------------------------------------------------------------- no cache, CPU offload, drain
+def test_offload_no_cache_and_drain_examples_say_what_the_matrix_says():
+    no_cache = load_spec(EXAMPLES / "no-cache.yaml")
+    assert (no_cache.workload.arrival_rate_per_s, len(no_cache.seeds), no_cache.engine.enable_prefix_caching) == (
+        0.0086, 4, False)
+    (extra,) = no_cache.arm("burst").triggers
+    assert (extra.kind, extra.num_sessions, extra.start_s, extra.duration_s) == ("extra_sessions", 16, 900.0, 300.0)
+    paired = load_spec(EXAMPLES / "offload-paired.yaml")
+    assert (paired.workload.arrival_rate_per_s, len(paired.seeds), paired.engine.offload.cpu_tokens) == (
+        0.035, 6, 900_000)
+    (burst,) = paired.arm("burst").triggers
+    assert (burst.extra_rate_factor, burst.start_s, burst.duration_s) == (1.5, 900.0, 300.0)
+    recovery = load_spec(EXAMPLES / "offload-recovery.yaml")
+    assert (recovery.workload.arrival_rate_per_s, len(recovery.seeds), recovery.engine.offload.cpu_tokens) == (
+        0.04, 3, 900_000)
+    assert _controllers("offload-recovery") == {"none": ("none", {}, 1200.0), "budgeter": ("budgeter", {}, 1200.0)}
+    for arm in recovery.arms:
+        (b,) = arm.triggers
+        assert (b.extra_rate_factor, b.start_s, b.duration_s) == (1.0, 600.0, 240.0)
+    drain = load_spec(EXAMPLES / "drain.yaml")
+    assert (drain.workload.arrival_rate_per_s, drain.duration_s) == (0.04, 7200.0)
+    drops = {arm.name: [(t.at_s, t.arrival_rate_per_s) for t in arm.triggers if t.kind == "rate_change"]
+             for arm in drain.arms}
+    assert drops == {"drop-0.006": [(1800.0, 0.006)], "drop-0.010": [(1800.0, 0.010)],
+                     "drop-0.014": [(1800.0, 0.014)], "drop-0.018": [(1800.0, 0.018)], "cache-off": []}
+    assert drain.engine_for(drain.arm("cache-off")).enable_prefix_caching is False
+
+
+@pytest.mark.parametrize("name", ["no-cache", "offload-paired", "offload-recovery"])
+def test_offload_and_no_cache_examples_run_shortened(tmp_path, name):
+    """Every arm of the first seed, cut to 25 minutes: each run records its CPU tier (run.json,
+    summary runs); without a cache no turn hits."""
+    spec = load_spec(EXAMPLES / f"{name}.yaml")
+    spec = spec.model_copy(update={"duration_s": 1500.0})
+    results = run_experiment(spec, tmp_path, run_keys(spec, [spec.seeds[0]]))
+    assert [r["status"] for r in results] == ["completed"] * len(spec.arms)
+    tier = None if spec.engine.offload is None else spec.engine.offload.cpu_tokens
+    assert {r["offload_cpu_tokens"] for r in results} == {tier}
+    summary = summarize(tmp_path)
+    assert {run["offload_cpu_tokens"] for run in summary["runs"]} == {tier}
+    assert sum(r["counts"]["turns_completed"] for r in results) > 100 * len(spec.arms)
+    if name == "no-cache":
+        import pyarrow.parquet as pq
+        for r in results:
+            cached = pq.read_table(tmp_path / "runs" / r["run_id"] / "turns.parquet").column("cached_tokens")
+            assert max(cached.to_pylist()) == 0
+
+
+def test_drain_example_fits_the_cold_turn_and_orders_the_drift_by_rate(tmp_path):
+    """One seed of examples/drain.yaml, cut to 70 minutes (the rate drops at minute 30): the
+    cache-off arm yields the cold-turn fit, every collapsed arm its rate after the drop and the
+    drift of the cold work it owes, lower rates draining faster."""
+    spec = load_spec(EXAMPLES / "drain.yaml")
+    spec = spec.model_copy(update={"duration_s": 4200.0})
+    results = run_experiment(spec, tmp_path, run_keys(spec, [spec.seeds[0]]))
+    assert [r["status"] for r in results] == ["completed"] * len(spec.arms)
+    summary = summarize(tmp_path)
+    fit = summary["cold_turn_fit"]
+    assert set(fit) == {"intercept_s", "slope_s_per_token", "windows", "session_cold_work_s", "break_even_rate_per_s"}
+    assert fit["windows"] >= 20
+    # the engine's step costs are fitted to a measured cold-turn line of 0.146 ms/token
+    assert 0.08e-3 < fit["slope_s_per_token"] < 0.2e-3
+    assert fit["break_even_rate_per_s"] == pytest.approx(1 / fit["session_cold_work_s"])
+    runs = {run["arm"]: run for run in summary["runs"]}
+    assert runs["cache-off"]["rate_after_change_per_s"] is None and runs["cache-off"]["cold_work_drift_s_per_h"] is None
+    drops = [f"drop-{r}" for r in ("0.006", "0.010", "0.014", "0.018")]
+    assert [runs[a]["rate_after_change_per_s"] for a in drops] == [0.006, 0.010, 0.014, 0.018]
+    drift = [runs[a]["cold_work_drift_s_per_h"] for a in drops]
+    assert drift[0] < 0 and drift[0] < drift[-1]

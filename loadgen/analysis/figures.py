@@ -209,6 +209,8 @@ def write_figures(results_dir: str | os.PathLike, summary: Mapping[str, Any]) ->
                                ("arms-timeseries.png", figure_arm_timeseries(runs_by_arm, colors, experiment))]
     if _has_mix_shift(runs):
         controller_figures.append(("mix-shift-scatter.png", figure_mix_shift_scatter(summary, colors)))
+    if any(r.get("cold_work_drift_s_per_h") is not None for r in summary.get("runs", [])):
+        controller_figures.append(("drain.png", figure_drain(summary, colors)))
     for name, fig in controller_figures:
         fig.savefig(figures_dir / name, dpi=DPI)
         written.append(figures_dir / name)
@@ -322,3 +324,29 @@ def figure_mix_shift_scatter(summary: Mapping[str, Any], colors: Mapping[str, st
 
 def _has_mix_shift(runs: Sequence[RunData]) -> bool:
     return any(t.get("kind") == "mix_shift" for r in runs for t in r.run_json.get("triggers") or [])
+
+
+def figure_drain(summary: Mapping[str, Any], colors: Mapping[str, str]) -> Figure:
+    """Drift of the cold work a collapsed run still owes, per hour, against its arrival rate after
+    the drop, one point per run; the break-even rate 1/S of the cold-turn fit marked."""
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.add_subplot()
+    for run in summary.get("runs", []):
+        drift = run.get("cold_work_drift_s_per_h")
+        if drift is None:
+            continue
+        ax.scatter(run["rate_after_change_per_s"], drift / 3600.0, color=colors.get(run["arm"], "0.3"), s=30,
+                   label=run["arm"])
+    ax.axhline(0.0, color="0.6", lw=0.8)
+    fit = summary.get("cold_turn_fit") or {}
+    if fit.get("break_even_rate_per_s"):
+        ax.axvline(fit["break_even_rate_per_s"], color="0.2", ls="--", lw=1.0,
+                   label=f"1/S = {fit['break_even_rate_per_s']:.4f}/s")
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), fontsize=8)
+    ax.set_xlabel("base arrival rate after the drop (sessions/s)")
+    ax.set_ylabel("drift of owed cold work (engine-hours per hour)")
+    ax.set_title(f"{summary.get('experiment')}: does the backlog drain?", fontsize=10)
+    fig.tight_layout()
+    return fig

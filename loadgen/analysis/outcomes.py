@@ -63,6 +63,7 @@ def run_outcome(run: RunData) -> dict:
         "arm": str(info["arm"]),
         "seed": int(info["seed"]),
         "engine_flavor": info.get("engine_flavor"),  # vllm | sglang for simulated runs, else None
+        "offload_cpu_tokens": info.get("offload_cpu_tokens"),  # the simulated CPU tier, None without one
         "duration_s": duration_s,
         "hit_ratio_last10min": json_float(hit_last10min),
         "sessions_in_system_last5min": json_float(

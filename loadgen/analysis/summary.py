@@ -10,6 +10,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ..core.recording import PARTS_DIR
 from ..core.same_spec import describe_differences, spec_differences
+from .drain import cold_turn_fit, drain_fields
 from .latency import latency_by_arm
 from .outcomes import run_outcome
 from .paired import paired_comparisons
@@ -87,6 +88,9 @@ def summarize(results_dir: str | os.PathLike) -> dict:
 
     run_jsons = [run.run_json for run in completed]
     outcomes = [run_outcome(run) for run in completed]
+    fit = cold_turn_fit(completed)  # from the cache-off runs, if any (loadgen.analysis.drain)
+    for run, outcome in zip(completed, outcomes):
+        outcome.update(drain_fields(run, fit))
     arms = _arm_order(run_jsons, (o["arm"] for o in outcomes))
     arm_rank = {arm: i for i, arm in enumerate(arms)}
     outcomes.sort(key=lambda o: (arm_rank[o["arm"]], o["seed"], o["run_id"]))
@@ -105,6 +109,7 @@ def summarize(results_dir: str | os.PathLike) -> dict:
         "incomplete_runs": sorted(incomplete_runs),
         "latency_by_arm": latency_by_arm(completed, outcomes),
         "unreadable_runs": unreadable_runs,
+        "cold_turn_fit": fit,
     }
 
 

@@ -129,6 +129,13 @@ def format_outcome_table(summary: Mapping[str, Any]) -> str:
     if flavors:  # which simulated engine each arm ran on (arms may differ: arms[].engine)
         lines.insert(1, "engine: " + ", ".join(f"{arm} on {'/'.join(sorted(flavors[arm]))}"
                                                for arm in arms if arm in flavors))
+    offload = {}
+    for run in summary.get("runs") or []:
+        offload.setdefault(run["arm"], set()).add(run.get("offload_cpu_tokens"))
+    if any(v != {None} for v in offload.values()):  # the CPU KV tier each arm ran with
+        lines.insert(1, "CPU offload tier: " + ", ".join(
+            f"{arm} " + "/".join("none" if t is None else f"{t:,} tokens" for t in sorted(offload[arm], key=str))
+            for arm in arms if arm in offload))
     lines += [join(cells) for cells in body]
     lines.append(
         "hit10m: token-weighted hit ratio, last 10 min; sess5m: mean sessions in system, "
@@ -137,6 +144,7 @@ def format_outcome_table(summary: Mapping[str, Any]) -> str:
     )
     for comparison in pairs.get("comparisons", []):
         lines.append(_fmt_comparison(comparison, str(pairs.get("baseline_arm"))))
+    lines += drain_lines(summary)
     incomplete = summary.get("incomplete_runs") or []
     if incomplete:
         lines.append(f"incomplete runs (not counted): {', '.join(incomplete)}")
@@ -147,6 +155,28 @@ def format_outcome_table(summary: Mapping[str, Any]) -> str:
     if warning:
         lines.append(warning)
     return "\n".join(lines)
+
+
+def drain_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The cold-turn fit and, for runs whose rate dropped after a collapse, the drift of the cold
+    work they still owe (loadgen.analysis.drain); [] when the summary has neither."""
+    lines = []
+    fit = summary.get("cold_turn_fit")
+    if fit:
+        lines.append(f"cold turn (cache-off runs, {fit['windows']} busy 1-min windows): c(L) = "
+                     f"{fit['intercept_s']:+.3f} s + {fit['slope_s_per_token'] * 1e3:.4f} ms x L; session cold work "
+                     f"S = {fit['session_cold_work_s']:.1f} s, break-even rate 1/S = {fit['break_even_rate_per_s']:.4f}/s"
+                     if fit.get("session_cold_work_s") else
+                     f"cold turn (cache-off runs): c(L) = {fit['intercept_s']:+.3f} s + "
+                     f"{fit['slope_s_per_token'] * 1e3:.4f} ms x L")
+    drifting = [r for r in summary.get("runs") or [] if r.get("rate_after_change_per_s") is not None]
+    if drifting:
+        lines.append("after the rate change (collapsed runs): rate -> cold-work drift per hour")
+        for r in sorted(drifting, key=lambda r: (r["rate_after_change_per_s"], r["seed"])):
+            drift = r.get("cold_work_drift_s_per_h")
+            lines.append(f"  {r['arm']} seed {r['seed']}: {r['rate_after_change_per_s']:.4f}/s -> "
+                         + ("n/a (no cold-turn fit)" if drift is None else f"{drift:+.0f} s/h"))
+    return lines
 
 
 def lag_warning(run_ids: Sequence[str]) -> Optional[str]:
