@@ -3,7 +3,7 @@
     python benchmarks/bench_sim.py [--repeats 5] [--seeds 501-512] [--json OUT]
 
 Pin it to one core for the issue's figure: ``taskset -c 0 python benchmarks/bench_sim.py``.
-Reports per flavour of the simulated engine (``--flavors vllm,sglang``) and arm the median wall time of a whole run (workload planning, simulation, Parquet
+Reports per flavour of the simulated engine (``--flavors vllm,sglang,vllm+offload``) and arm the median wall time of a whole run (workload planning, simulation, Parquet
 writing, run.json), the engine steps simulated, and the process's peak RSS.
 """
 
@@ -16,6 +16,7 @@ import statistics
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,8 +31,14 @@ def bench(repeats: int, seeds: list[int], flavors: list[str]) -> dict:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
       for flavor in flavors:
-        # the same spec on each engine: only engine.flavor changes
-        spec = base.model_copy(update={"engine": base.engine.model_copy(update={"flavor": flavor})})
+        # the same spec on each engine: only engine.flavor changes ("vllm+offload": vLLM with the
+        # 900K-token CPU tier of examples/offload-paired.yaml)
+        if flavor == "vllm+offload":
+            engine = base.engine.model_validate({**base.engine.model_dump(exclude_unset=True), "flavor": "vllm",
+                                                 "offload": {"cpu_tokens": 900_000}})
+        else:
+            engine = base.engine.model_copy(update={"flavor": flavor})
+        spec = base.model_copy(update={"engine": engine})
         for arm in [a.name for a in spec.arms]:
             times, steps, turns = [], [], []
             for seed in seeds:
@@ -41,6 +48,11 @@ def bench(repeats: int, seeds: list[int], flavors: list[str]) -> dict:
                     times.append(time.perf_counter() - t0)
                 steps.append(info["counts"]["engine_steps"])
                 turns.append(info["counts"]["turns_completed"])
+            # one more run of the first seed under tracemalloc: the peak of Python memory one run takes
+            tracemalloc.start()
+            run_simulated(spec, RunKey(arm, seeds[0]), Path(tmp))
+            peak_mib = tracemalloc.get_traced_memory()[1] / 2**20
+            tracemalloc.stop()
             results[f"{flavor}/{arm}"] = {
                 "runs_timed": len(times),
                 "wall_s_median": statistics.median(times),
@@ -48,6 +60,7 @@ def bench(repeats: int, seeds: list[int], flavors: list[str]) -> dict:
                 "engine_steps_mean": statistics.mean(steps),
                 "turns_mean": statistics.mean(turns),
                 "simulated_s_per_wall_s": spec.duration_s / statistics.median(times),
+                "peak_traced_mib": peak_mib,
             }
     results["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return results
@@ -57,7 +70,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seeds", default="501-504")
-    parser.add_argument("--flavors", default="vllm,sglang", help="simulated engines to time, comma-separated")
+    parser.add_argument("--flavors", default="vllm,sglang,vllm+offload",
+                        help="simulated engines to time, comma-separated (vllm, sglang, vllm+offload)")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
     results = bench(args.repeats, parse_seeds(args.seeds), args.flavors.split(","))
@@ -65,7 +79,7 @@ def main() -> None:
         if isinstance(r, dict):
             print(f"{arm:18s} median {r['wall_s_median'] * 1000:7.1f} ms per 90-min run (max {r['wall_s_max'] * 1000:.1f}), "
                   f"{r['engine_steps_mean']:,.0f} engine steps, {r['turns_mean']:,.0f} turns, "
-                  f"{r['simulated_s_per_wall_s']:,.0f}x real time")
+                  f"{r['simulated_s_per_wall_s']:,.0f}x real time, peak {r['peak_traced_mib']:.1f} MiB traced")
     print(f"peak RSS {results['peak_rss_mib']:.0f} MiB")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
