@@ -110,7 +110,7 @@ def test_last_10min_figures(tmp_path: Path) -> None:
         "slo_tasks_met", "slo_tasks_counted", "slo_tasks_met_share", "slo_goodput_tasks_per_s",
         "slo_met_at_percentile",
         # the simulated engine's flavour; a live run that fell behind its time scale (added later)
-        "engine_flavor", "lagging",
+        "engine_flavor", "offload_cpu_tokens", "lagging",
     }
     assert outcome["hit_ratio_last10min"] == pytest.approx((2700 + 100) / (3000 + 1000))
     # windows after te = 1200: six at 0.2, [3000, 3300) at 0.9, [3300, 3600) at 0.1
