@@ -381,7 +381,8 @@ def _cmd_serve_sim(args: argparse.Namespace) -> int:
     from .core.spec import SimEngineSpec
 
     try:
-        check_options(args.port, args.pool_tokens, args.block_size, args.max_num_batched_tokens, args.max_model_len)
+        check_options(args.port, args.pool_tokens, args.block_size, args.max_num_batched_tokens, args.max_model_len,
+                      flavor=args.flavor, page_size=args.page_size)
     except ValueError as exc:
         raise SpecError(str(exc)) from None
     if args.time_scale <= 0:
@@ -402,12 +403,24 @@ def _cmd_serve_sim(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SpecError(f"--offload-cpu-tokens: {str(exc).splitlines()[-1].strip()}") from None
         config = dataclasses.replace(config, offload=offload)
+    if args.flavor == "sglang":
+        from .core.runner import engine_config
+
+        if args.offload_cpu_tokens is not None:
+            raise SpecError("--offload-cpu-tokens models vLLM's offloading: it needs --flavor vllm")
+        try:  # the same engine a spec's {kind: sim, flavor: sglang} builds, so both runs agree
+            config = engine_config(SimEngineSpec(
+                flavor="sglang", pool_tokens=args.pool_tokens, max_num_batched_tokens=args.max_num_batched_tokens,
+                max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching,
+                sglang={"page_size": args.page_size, "schedule_policy": args.schedule_policy}))
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            raise SpecError(f"serve-sim --flavor sglang: {str(exc).splitlines()[-1].strip()}") from None
     server = SimServer(config, cost, time_scale=args.time_scale, model=args.model)
 
     async def main() -> None:
         await serve(server, args.host, args.port)
-        print(f"serve-sim: http://{args.host}:{args.port} (model {args.model!r}, pool {config.pool_tokens} tokens, "
-              f"cost {cost.name}, time x{args.time_scale:g})", flush=True)
+        print(f"serve-sim: http://{args.host}:{args.port} ({args.flavor}, model {args.model!r}, "
+              f"pool {config.pool_tokens} tokens, cost {cost.name}, time x{args.time_scale:g})", flush=True)
         await asyncio.Event().wait()
 
     try:
@@ -582,6 +595,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--offload-cpu-tokens", type=int, default=None, metavar="N",
                        help="a CPU KV offload tier of N tokens (vLLM's native offloading)")
     serve.add_argument("--model", default="sim", help="the served model name")
+    serve.add_argument("--flavor", choices=("vllm", "sglang"), default="vllm",
+                       help="which engine and API surface: vLLM's (default) or SGLang's (radix cache, /flush_cache, "
+                            "sglang:* metrics); --max-num-batched-tokens is SGLang's --chunked-prefill-size")
+    serve.add_argument("--page-size", type=int, default=1, help="SGLang's --page-size (flavor sglang)")
+    serve.add_argument("--schedule-policy", choices=("fcfs", "lpm"), default="fcfs",
+                       help="SGLang's --schedule-policy (flavor sglang)")
     serve.set_defaults(func=_cmd_serve_sim)
 
     report = sub.add_parser("report", help="rebuild summary.json, print the paired table, write figures")

@@ -179,7 +179,9 @@ SGLANG_METRICS = {
     "kv_usage": "sglang:token_usage",
     "prefix_cache_queries_total": "sglang:prompt_tokens",
     "prefix_cache_hits_total": "sglang:cached_tokens",
-    "num_preemptions_total": "sglang:num_retracted_reqs",
+    # a counter only in SGLang after 0.5.x; 0.5.x's sglang:num_retracted_reqs is a gauge of the
+    # retractions since its last stats log, not a total, so it is not read (the column is -1)
+    "num_preemptions_total": "sglang:num_retracted_requests",
 }
 
 
@@ -310,7 +312,7 @@ class OpenAIEngineClient:
         last = submitted
         gaps: list[float] = []
         output_ids: list[int] = []
-        usage = None
+        usage = meta_info = None
         headers = self._headers
         if request.shared_prefix_tokens:
             # a hint only our own serve-sim reads; real servers ignore unknown headers
@@ -339,6 +341,8 @@ class OpenAIEngineClient:
                             got_tokens = True
                     if chunk.get("usage"):
                         usage = chunk["usage"]
+                    if chunk.get("meta_info"):
+                        meta_info = chunk["meta_info"]
                 if got_tokens:
                     if math.isnan(first):
                         first = now
@@ -352,10 +356,14 @@ class OpenAIEngineClient:
             return self._failed(request, submitted, first, "stream ended without usage (is stream_options supported?)")
         self.consecutive_failures = 0
         self.first_failure_s = None
-        details = usage.get("prompt_tokens_details") or {}
-        cached = int(details.get("cached_tokens") or 0)
-        meta = usage.get("meta_info") or {}
-        cached = int(meta.get("cached_tokens", cached))
+        # SGLang (--enable-cache-report) and vLLM (--enable-prompt-tokens-details) both report cached
+        # tokens in usage.prompt_tokens_details and omit it when nothing hit; SGLang's native
+        # responses carry meta_info.cached_tokens instead, read when the usage has no details
+        details = usage.get("prompt_tokens_details")
+        if details:
+            cached = int(details.get("cached_tokens") or 0)
+        else:
+            cached = int((meta_info or {}).get("cached_tokens") or 0)
         return TurnResult(submitted, first, finish, int(usage.get("prompt_tokens", request.prompt_tokens)), cached,
                           int(usage.get("completion_tokens", len(output_ids))), 0, None,
                           output_ids if output_ids else None, tuple(gaps))
@@ -480,15 +488,32 @@ class OpenAIEngineClient:
         except (TransportError, HttpStatusError, ValueError):
             scraped = None
         pool = pool_tokens or (scraped.pool_tokens if scraped else None)
+        if not pool and self.server == "sglang":
+            pool = await self._sglang_pool_tokens()
         if not pool:
-            raise PreflightError(f"the KV pool size of {self.base} is unknown (no vllm:cache_config_info in "
-                                 "/metrics): give engine.pool_tokens in the spec")
+            raise PreflightError(f"the KV pool size of {self.base} is unknown (no vllm:cache_config_info or "
+                                 "sglang:max_total_num_tokens in /metrics, no max_total_num_tokens in "
+                                 "/get_server_info): give engine.pool_tokens in the spec")
         self.pool_tokens = pool
         self.consecutive_failures = 0
         self.first_failure_s = None
         return {"model": self.model, "prompt_mode": self.prompt_mode, "pool_tokens": pool,
                 "server": self.server, "max_model_len": self.max_model_len,
                 "probe_cached_tokens": [r.cached_tokens for r in results]}
+
+    async def _sglang_pool_tokens(self) -> Optional[int]:
+        """SGLang's pool in tokens from its server info: SGLang 0.5.x exports no metric for it but
+        ``/get_server_info`` (``/server_info`` on newer versions) has the scheduler's
+        ``max_total_num_tokens``."""
+        for path in ("/get_server_info", "/server_info"):
+            try:
+                info = await self._json("GET", path)
+            except (TransportError, HttpStatusError):
+                continue
+            value = info.get("max_total_num_tokens") if isinstance(info, dict) else None
+            if isinstance(value, (int, float)) and value > 0:
+                return int(value)
+        return None
 
     async def close(self) -> None:
         await self.transport.close()

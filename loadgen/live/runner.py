@@ -105,6 +105,9 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
         plans = plan_sessions(spec, arm, key.seed)  # a trace that cannot be read fails before any load
         info["preflight"] = await client.preflight(max_context_tokens(spec), engine_spec.pool_tokens)
         info["pool_tokens"] = client.pool_tokens
+        # which engine answered, as the preflight saw it (its /metrics names, or the spec's engine.server)
+        server = info["preflight"]["server"]
+        info["engine_flavor"] = server if server in ("vllm", "sglang") else "unknown"
         if engine_spec.flush_before_run:
             await flush_before_run(client)
         info["flushed_before_run"] = engine_spec.flush_before_run

@@ -5,6 +5,17 @@ Endpoints: ``/v1/completions`` (token-id or text prompts, streamed or not, ``usa
 ``/v1/models``, ``/health``, ``/metrics`` (vLLM's names, ``vllm:cache_config_info`` included)
 and ``POST /reset_prefix_cache``. Bound to 127.0.0.1 unless told otherwise.
 
+``--flavor sglang`` serves the SGLang flavour of the engine behind SGLang 0.5.x's API surface
+instead: ``/v1/completions`` (cached tokens in ``usage.prompt_tokens_details`` as SGLang's
+``--enable-cache-report`` gives them; ``token_ids`` when asked, as newer SGLang does), the native
+``/generate`` (``meta_info.cached_tokens``), ``/flush_cache`` (HTTP 400 while any request runs),
+``/get_server_info`` (``max_total_num_tokens``), ``/get_model_info``, ``/health`` and
+``/metrics`` under SGLang's names (``sglang:token_usage``, ``sglang:cache_hit_rate``,
+``sglang:cached_tokens_total``, ...; no ``sglang:max_total_num_tokens`` gauge, as in 0.5.x).
+Its requests are mapped onto streams token by token (``TokenPromptMapper``), since SGLang caches
+every token. A client that hangs up does not abort its request (the simulated SGLang engine has
+no abort): it runs to its end.
+
 serve-sim measures how late it delivers the engine's step completions against its scaled clock
 (a busy machine or a high ``--time-scale`` makes it fall behind): ``/metrics`` has the gauges
 ``loadgen_serve_sim_lag_{p50,p99,max}_seconds`` (since start, in scaled seconds) and
@@ -24,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Optional
+from typing import Optional, Union
 
 import orjson
 
@@ -33,6 +44,7 @@ from ..core.engines import SimEngineClient
 from ..core.workload import Stream, rng_for
 from .http_client import LAG_PATH
 from ..sim import EngineConfig, SimRequest, StepCostModel
+from ..sim.sglang_engine import SGLangConfig
 
 
 class PromptMapper:
@@ -99,22 +111,92 @@ class PromptMapper:
         self._aborted.add(stream)
 
 
+
+class TokenPromptMapper(PromptMapper):
+    """Token-id prompts onto streams for an engine that caches every token (SGLang's radix tree,
+    page size 1): the shared prefix is the header's exact length (page-aligned), and a stream is
+    continued only when the prompt agrees with all of its recorded content, the part after its
+    last whole lookup block included (kept as a tail), not just its whole blocks as vLLM's cache
+    needs. Lookup blocks are ``lookup_block`` tokens (hashing per token would cost a dict entry
+    per token); they only find the candidate stream.
+
+    A prompt shorter than a stream's content (a prompt sent again, the preflight's probes) continues
+    it only if its request cannot write past that content: the engine names cached tokens by
+    stream position, so a different continuation would be taken for the cached one."""
+
+    def __init__(self, page_size: int, lookup_block: int = 16) -> None:
+        super().__init__(lookup_block)
+        self.page_size = page_size
+        self._length: dict[int, int] = {}  # stream id -> tokens recorded, the shared prefix included
+        self._base: dict[int, int] = {}  # stream id -> shared-prefix tokens it starts after
+        self._tail: dict[int, tuple] = {}  # stream id -> its tokens after the last whole lookup block
+
+    def map_tokens(self, token_ids: list[int], prefix_tokens: int, max_tokens: int) -> tuple[Optional[tuple], int, int]:
+        """(prefix key or None, prefix tokens, own stream id); the stream is busy until ``record``."""
+        g = self.block_size
+        n = len(token_ids)
+        base = min(max(prefix_tokens, 0), n - 1) if n else 0
+        base -= base % self.page_size
+        prefix_key = ("prefix", hash(tuple(token_ids[:base]))) if base else None
+        hashes = self.chained_hashes(token_ids)
+        stream = None
+        for j in range(len(hashes) - 1, base // g - 1, -1):
+            owner = self._block_owner.get(hashes[j])
+            if owner is None:
+                continue
+            sid, index = owner
+            length = self._length[sid]
+            whole = length // g
+            upto = min(n, length)
+            if (index == j and whole == j + 1 and sid not in self._busy and self._base[sid] == base
+                    and tuple(token_ids[whole * g:upto]) == self._tail[sid][:upto - whole * g]
+                    and (n >= length or n + max_tokens - 1 <= length)):
+                stream = sid
+            break
+        if stream is None:
+            stream = next(self._ids)
+            self._length[stream] = base
+            self._base[stream] = base
+            self._tail[stream] = tuple(token_ids[base - base % g:base])
+        self._busy.add(stream)
+        return prefix_key, base, stream
+
+    def record_tokens(self, stream: int, token_ids: list[int]) -> None:
+        """After a turn: the stream's content is what it was plus ``token_ids`` past its end
+        (prompt + output but the last token, as the engine inserts them)."""
+        g = self.block_size
+        length = self._length[stream]
+        n = len(token_ids)
+        if n > length:
+            hashes = self.chained_hashes(token_ids)
+            for j in range(max(length // g, self._base[stream] // g), len(hashes)):
+                self._block_owner[hashes[j]] = (stream, j)
+            self._length[stream] = n
+            self._tail[stream] = tuple(token_ids[n - n % g:n])
+        self._busy.discard(stream)
+
+
 def text_to_ids(text: str, vocab: int = 30000) -> list[int]:
     """A stand-in tokenizer for text prompts: one token per whitespace-separated word."""
     return [hash(word) % (vocab - 1) + 1 for word in text.split()]
 
 
 class SimServer:
-    def __init__(self, config: EngineConfig, cost: StepCostModel, time_scale: float = 1.0,
+    def __init__(self, config: Union[EngineConfig, SGLangConfig], cost: StepCostModel, time_scale: float = 1.0,
                  model: str = "sim", seed: int = 0) -> None:
         self.config = config
         self.cost = cost
         self.time_scale = time_scale
         self.model = model
+        # which engine's API surface is served follows the engine: SGLang's radix cache or vLLM's pool
+        self.flavor = "sglang" if isinstance(config, SGLangConfig) else "vllm"
         self._rng = rng_for(Stream.SERVE_SIM_OUTPUT, seed)
         self.client: Optional[SimEngineClient] = None
-        self.mapper = PromptMapper(config.block_size)
+        self.mapper = (TokenPromptMapper(config.page_size) if self.flavor == "sglang"
+                       else PromptMapper(config.block_size))
         self._ids = itertools.count(1)
+        self._hit_rate_mark = (0, 0)  # (queries, hits) at the previous /metrics: sglang:cache_hit_rate
+        self._retracted_mark = 0  # retractions at the previous /metrics: sglang:num_retracted_reqs
 
     def _engine(self) -> SimEngineClient:
         if self.client is None:  # needs the running loop
@@ -126,10 +208,18 @@ class SimServer:
 
         app = web.Application(client_max_size=64 * 2**20)
         app.add_routes([
-            web.get("/health", self.health), web.get("/v1/models", self.models), web.get("/metrics", self.metrics),
-            web.post("/v1/completions", self.completions), web.post("/reset_prefix_cache", self.reset),
-            web.get(LAG_PATH, self.lag),
+            web.get("/health", self.health), web.get("/v1/models", self.models),
+            web.post("/v1/completions", self.completions), web.get(LAG_PATH, self.lag),
         ])
+        if self.flavor == "sglang":
+            app.add_routes([
+                web.get("/metrics", self.sglang_metrics), web.post("/generate", self.generate),
+                web.get("/flush_cache", self.flush_cache), web.post("/flush_cache", self.flush_cache),
+                web.get("/get_server_info", self.server_info), web.get("/server_info", self.server_info),
+                web.get("/get_model_info", self.model_info), web.get("/health_generate", self.health),
+            ])
+        else:
+            app.add_routes([web.get("/metrics", self.metrics), web.post("/reset_prefix_cache", self.reset)])
         return app
 
     async def health(self, request):
@@ -140,14 +230,86 @@ class SimServer:
     async def models(self, request):
         from aiohttp import web
 
+        owner = "sglang" if self.flavor == "sglang" else "agent-loadgen"
         return web.json_response({"object": "list", "data": [
-            {"id": self.model, "object": "model", "owned_by": "agent-loadgen", "max_model_len": self.config.max_model_len}]})
+            {"id": self.model, "object": "model", "owned_by": owner, "max_model_len": self.config.max_model_len}]})
 
     async def lag(self, request):
         from aiohttp import web
 
         clock = self._engine().clock
         return web.json_response({"time_scale": self.time_scale, "lateness": clock.lateness.to_json()}, dumps=_dumps)
+
+    async def flush_cache(self, request):
+        """SGLang's /flush_cache: done only when no request is waiting or running, else HTTP 400;
+        SGLang answers the same text either way (python/sglang/srt/entrypoints/http_server.py)."""
+        from aiohttp import web
+
+        client = self._engine()
+        flushed = client.engine.try_flush(client.clock.now())
+        client._rearm()
+        return web.Response(text=SGLANG_FLUSH_TEXT, status=200 if flushed else 400)
+
+    async def server_info(self, request):
+        """SGLang's /get_server_info (/server_info on newer versions): the server arguments, the
+        scheduler's ``max_total_num_tokens`` (the pool in tokens; SGLang 0.5.x has no metric for
+        it) and the version."""
+        from aiohttp import web
+
+        c = self.config
+        return web.json_response({
+            "model_path": self.model, "served_model_name": self.model, "page_size": c.page_size,
+            "chunked_prefill_size": c.chunked_prefill_size, "max_prefill_tokens": c.max_prefill_tokens,
+            "max_running_requests": c.max_running_requests, "context_length": c.max_model_len,
+            "schedule_policy": c.schedule_policy, "disable_radix_cache": not c.enable_prefix_caching,
+            "enable_cache_report": True, "enable_metrics": True,
+            "max_total_num_tokens": c.pool_tokens, "max_req_input_len": min(c.max_model_len, c.pool_tokens) - 1,
+            "internal_states": [{"new_token_ratio": self._engine().engine.new_token_ratio}],
+            "version": f"serve-sim (SGLang {SGLANG_MODELLED_VERSION} flavour)"}, dumps=_dumps)
+
+    async def model_info(self, request):
+        from aiohttp import web
+
+        return web.json_response({"model_path": self.model, "tokenizer_path": self.model, "is_generation": True,
+                                  "preferred_sampling_params": None})
+
+    async def sglang_metrics(self, request):
+        """SGLang 0.5.x's /metrics names (python/sglang/srt/metrics/collector.py): the scheduler's
+        gauges (set at every scrape here, at every logged batch in SGLang) and the tokenizer's
+        counters (moved when a request finishes, as SGLang does)."""
+        from aiohttp import web
+
+        client = self._engine()
+        m = client.metrics()
+        eng = client.engine
+        label = f'{{model_name="{self.model}"}}'
+        queries, hits = eng.prefix_cache_queries, eng.prefix_cache_hits
+        q0, h0 = self._hit_rate_mark
+        # SGLang's gauge is the last prefill batch's hit share; here that of the requests finished
+        # since the previous scrape (0 when none), which a scraper every few seconds cannot tell apart
+        hit_rate = (hits - h0) / (queries - q0) if queries > q0 else 0.0
+        self._hit_rate_mark = (queries, hits)
+        # SGLang's gauge counts the retractions since its previous stats log, then restarts from 0
+        retracted = eng.num_preemptions - self._retracted_mark
+        self._retracted_mark = eng.num_preemptions
+        used = eng.total_tokens - eng.available - eng.tree.evictable_size
+        lines = [
+            "# TYPE sglang:num_running_reqs gauge", f"sglang:num_running_reqs{label} {m.num_running}",
+            "# TYPE sglang:num_used_tokens gauge", f"sglang:num_used_tokens{label} {used}",
+            "# TYPE sglang:token_usage gauge", f"sglang:token_usage{label} {m.kv_usage!r}",
+            "# TYPE sglang:num_queue_reqs gauge", f"sglang:num_queue_reqs{label} {m.num_waiting}",
+            "# TYPE sglang:cache_hit_rate gauge", f"sglang:cache_hit_rate{label} {hit_rate!r}",
+            "# TYPE sglang:num_retracted_reqs gauge", f"sglang:num_retracted_reqs{label} {retracted}",
+            "# TYPE sglang:prompt_tokens counter", f"sglang:prompt_tokens_total{label} {queries}",
+            "# TYPE sglang:generation_tokens counter",
+            f"sglang:generation_tokens_total{label} {eng.generation_tokens_total}",
+            "# TYPE sglang:cached_tokens counter", f"sglang:cached_tokens_total{label} {hits}",
+        ]
+        lag = client.clock.lateness.summary()
+        for name, key in (("p50", "p50_s"), ("p99", "p99_s"), ("max", "max_s")):
+            lines += [f"# TYPE loadgen_serve_sim_lag_{name}_seconds gauge",
+                      f"loadgen_serve_sim_lag_{name}_seconds {lag[key]!r}"]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def reset(self, request):
         from aiohttp import web
@@ -202,12 +364,25 @@ class SimServer:
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def completions(self, request):
+        return await self._serve(request, native=False)
+
+    async def generate(self, request):
+        """SGLang's native ``/generate``: ``input_ids`` or ``text``, ``sampling_params.max_new_tokens``;
+        answers ``text``, ``output_ids`` and ``meta_info`` (``cached_tokens`` included), streamed as
+        cumulative chunks like SGLang's default (non-incremental) streaming."""
+        return await self._serve(request, native=True)
+
+    async def _serve(self, request, native: bool):
         from aiohttp import web
 
         try:
             body = orjson.loads(await request.read())
-            prompt = body["prompt"]
-            max_tokens = int(body.get("max_tokens") or 16)
+            if native:
+                prompt = body["input_ids"] if body.get("input_ids") is not None else body["text"]
+                max_tokens = int((body.get("sampling_params") or {}).get("max_new_tokens") or 128)
+            else:
+                prompt = body["prompt"]
+                max_tokens = int(body.get("max_tokens") or 16)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             return _error(400, f"bad request: {exc}")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
@@ -222,7 +397,10 @@ class SimServer:
             prefix_hint = int(request.headers.get("X-Loadgen-Prefix-Tokens", "0"))
         except ValueError:
             prefix_hint = 0
-        prefix_key, prefix_tokens, stream_id = self.mapper.map(token_ids, prefix_hint)
+        if self.flavor == "sglang":
+            prefix_key, prefix_tokens, stream_id = self.mapper.map_tokens(token_ids, prefix_hint, max_tokens)
+        else:
+            prefix_key, prefix_tokens, stream_id = self.mapper.map(token_ids, prefix_hint)
         prefix = engine.prefix_stream(prefix_key, prefix_tokens) if prefix_key is not None else None
         stream = engine.stream(("stream", stream_id), prefix_tokens)
         loop = asyncio.get_running_loop()
@@ -237,15 +415,23 @@ class SimServer:
         output_ids = self._rng.integers(1, 30000, size=max_tokens).tolist()
         recorded = False
 
+        def record() -> None:
+            # the stream now holds prompt + output (the last output token never enters KV)
+            if self.flavor == "sglang":
+                self.mapper.record_tokens(stream_id, token_ids + output_ids[:-1])
+            else:
+                self.mapper.record(stream_id, self.mapper.chained_hashes(token_ids + output_ids[:-1]))
+
         async def finished() -> None:
             nonlocal recorded
             await done
-            # the stream now holds prompt + output (the last output token never enters KV)
-            self.mapper.record(stream_id, self.mapper.chained_hashes(token_ids + output_ids[:-1]))
+            record()
             recorded = True
 
         try:
             request_id = f"cmpl-{sim_req.request_id}"
+            if native:
+                return await self._serve_native(request, body, request_id, sim_req, output_ids, first, finished)
             if not body.get("stream"):
                 await finished()
                 return web.json_response(self._final(request_id, sim_req, output_ids, body), dumps=_dumps)
@@ -265,13 +451,44 @@ class SimServer:
             await resp.write_eof()
             return resp
         finally:
-            if not recorded:
+            if not recorded and self.flavor == "sglang":
+                # the client went away: SGLang aborts the request, the simulated SGLang engine cannot,
+                # so it runs to its end (holding its slots) and its stream is recorded then
+                if sim_req.finish_s is None:
+                    sim_req.on_done = lambda r: record()
+                else:
+                    record()
+            elif not recorded:
                 # the client went away (aiohttp cancels the handler): vLLM aborts the request,
                 # freeing its blocks and keeping their hashes, so a retry of the prompt hits them
                 if sim_req.finish_s is None:  # (``done`` is cancelled with the handler)
                     engine.abort(sim_req, client.clock.now())
                     client._rearm()
                 self.mapper.aborted(stream_id, self.mapper.chained_hashes(token_ids))
+
+    async def _serve_native(self, request, body: dict, request_id: str, req: SimRequest, ids: list[int],
+                            first, finished):
+        from aiohttp import web
+
+        def answer(upto: int, done: bool) -> dict:
+            meta = {"id": request_id, "finish_reason": {"type": "length", "length": len(ids)} if done else None,
+                    "prompt_tokens": req.num_prompt_tokens, "completion_tokens": upto,
+                    "cached_tokens": req.num_cached_tokens}
+            return {"text": " ".join(f"t{t}" for t in ids[:upto]), "output_ids": ids[:upto], "meta_info": meta}
+
+        if not body.get("stream"):
+            await finished()
+            return web.json_response(answer(len(ids), True), dumps=_dumps)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await first
+        await resp.write(_sse(answer(1, len(ids) == 1)))
+        await finished()
+        for upto in range(2, len(ids) + 1):  # cumulative, as SGLang streams by default
+            await resp.write(_sse(answer(upto, upto == len(ids))))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
 
     def _chunk(self, request_id: str, ids: list[int], body: dict) -> dict:
         choice = {"index": 0, "text": " ".join(f"t{t}" for t in ids), "finish_reason": None}
@@ -285,6 +502,12 @@ class SimServer:
             choice["token_ids"] = ids
         return {"id": request_id, "object": "text_completion", "model": self.model, "choices": [choice],
                 "usage": _usage(req)}
+
+
+SGLANG_MODELLED_VERSION = "0.5.x"
+# SGLang's /flush_cache body, 200 and 400 alike (python/sglang/srt/entrypoints/http_server.py)
+SGLANG_FLUSH_TEXT = ("Cache flushed.\nPlease check backend logs for more details. "
+                     "(When there are running or waiting requests, the operation will not be performed.)\n")
 
 
 def _usage(req: SimRequest) -> dict:
@@ -311,15 +534,19 @@ def _error(status: int, message: str):
 
 
 def check_options(port: int, pool_tokens: int, block_size: int, max_num_batched_tokens: int,
-                  max_model_len: int) -> None:
+                  max_model_len: int, flavor: str = "vllm", page_size: int = 1) -> None:
     """serve-sim's command-line numbers, checked before anything starts: ValueError naming the flag
     and what it needs."""
     if not 1 <= port <= 65535:
         raise ValueError(f"--port {port}: a TCP port is 1..65535")
     for flag, value in (("--block-size", block_size), ("--max-num-batched-tokens", max_num_batched_tokens),
-                        ("--max-model-len", max_model_len), ("--pool-tokens", pool_tokens)):
+                        ("--max-model-len", max_model_len), ("--pool-tokens", pool_tokens),
+                        ("--page-size", page_size)):
         if value < 1:
             raise ValueError(f"{flag} {value}: must be >= 1")
+    if flavor == "sglang":
+        # SGLang sizes its pool in tokens, not blocks, and refuses per request what it cannot hold
+        return
     if pool_tokens % block_size:
         raise ValueError(f"--pool-tokens ({pool_tokens}) must be a multiple of --block-size ({block_size})")
     if pool_tokens < max_model_len:
