@@ -230,3 +230,54 @@ def test_sglang_metrics_are_parsed():
     scraped = parse_metrics(text)
     assert scraped.server == "sglang" and scraped.pool_tokens == 400000
     assert (scraped.metrics.num_running, scraped.metrics.num_waiting) == (4, 2)
+
+
+def test_cached_tokens_come_from_prompt_tokens_details_then_from_meta_info():
+    # SGLang's OpenAI endpoint reports usage.prompt_tokens_details (omitted when 0); a stream whose
+    # chunks carry SGLang's native meta_info instead is read from there
+    answers = iter([completion_stream([1, 2], 100, cached=64),
+                    sse({"choices": [{"index": 0, "text": "x", "token_ids": [1]}],
+                         "meta_info": {"cached_tokens": 32}},
+                        {"choices": [], "usage": {"prompt_tokens": 100, "completion_tokens": 1}}),
+                    completion_stream([1], 100)])
+
+    def handler(method, path, body):
+        return MockResponse(lines=next(answers))
+
+    async def go():
+        client = await make_client(handler, model="m")()
+        return [await client.generate(TurnRequest(1, k, 100, 2, token_ids=[1] * 100)) for k in range(3)]
+
+    assert [r.cached_tokens for r in run(go())] == [64, 32, 0]
+
+
+def test_sglang_retractions_are_read_only_from_a_counter():
+    gauge = "# TYPE sglang:num_retracted_reqs gauge\nsglang:num_retracted_reqs 3\n"
+    # 0.5.x: a gauge of the retractions since the last stats log, not a total: not recorded
+    assert parse_metrics(gauge).metrics.num_preemptions_total == -1
+    counter = "# TYPE sglang:num_retracted_requests counter\nsglang:num_retracted_requests_total 7\n"
+    assert parse_metrics(gauge + counter).metrics.num_preemptions_total == 7
+
+
+def test_sglang_pool_comes_from_get_server_info_when_metrics_lack_it():
+    metrics = ("# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 0\n"
+               "# TYPE sglang:token_usage gauge\nsglang:token_usage 0.0\n")
+    probes = iter([0, 511, 511])
+
+    def handler(method, path, body):
+        if path == "/v1/models":
+            return MockResponse(json={"data": [{"id": "m", "max_model_len": 40960}]})
+        if path == "/v1/completions":
+            return MockResponse(lines=completion_stream([1, 2], 512, cached=next(probes)))
+        if path == "/metrics":
+            return MockResponse(text=metrics)
+        if path == "/get_server_info":
+            return MockResponse(json={"max_total_num_tokens": 123456, "page_size": 1})
+        return MockResponse(status=404)
+
+    async def go():
+        client = await make_client(handler)()
+        return await client.preflight()
+
+    info = run(go())
+    assert info["server"] == "sglang" and info["pool_tokens"] == 123456

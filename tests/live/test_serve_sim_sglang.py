@@ -183,3 +183,15 @@ def test_a_flush_trigger_during_load_waits_for_an_idle_server_then_empties_the_c
     assert first_after and all(c <= SYSTEM_PROMPT_TOKENS for c in first_after.values())
     continuing = [s for s, a, f, c, e in rows if e is None and a < flushed_s and c > SYSTEM_PROMPT_TOKENS]
     assert continuing  # before the flush, sessions did hit their own contexts
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--page-size", "0"], "--page-size 0: must be >= 1"),
+    (["--offload-cpu-tokens", "900000"], "--offload-cpu-tokens models vLLM's offloading: it needs --flavor vllm"),
+])
+def test_bad_sglang_serve_sim_options_are_clear_errors(capsys, argv, message):
+    from loadgen.cli import main
+
+    assert main(["serve-sim", "--flavor", "sglang", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err
