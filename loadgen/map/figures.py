@@ -57,8 +57,8 @@ def figure_phase_diagram(summary: dict, path: Path) -> Path:
     xe, ye = _edges(rates), _edges(factors)
     x_lo = min(xe[0], bounds["drain_rate_per_s"] * 0.9)
     x_hi = max(xe[-1], min(bounds["healthy_rate_per_s"] * 1.05, xe[-1] * 1.5))
-    fig, axes = plt.subplots(1, len(controllers), figsize=(max(6.5, 0.5 * len(rates) + 1.5) * len(controllers), 5.2),
-                             squeeze=False,
+    fig, axes = plt.subplots(1, len(controllers), figsize=(max(6.5, 0.45 * len(rates) + 1.5) * len(controllers), 6.5),
+                             squeeze=False, layout="constrained",
                              sharey=True)
     mesh = None
     for ax, ctl in zip(axes[0], controllers):
@@ -137,7 +137,7 @@ def figure_tipping(summary: dict, path: Path) -> Path:
             values = [s["min_factor"] for s in t["seeds"]]
             xs = t["rate_per_s"] + (np.arange(len(values)) - len(values) / 2) * 0.00004
             ax.scatter(xs, [top * 1.08 if v is None else v for v in values], s=6, alpha=0.4, color=color,
-                       marker=".")
+                       marker=".", label=f"{ctl}: per seed" if t is rows[0] else None)
         med = [(t["rate_per_s"], t["median_min_factor"]) for t in rows if t["median_min_factor"] is not None]
         if med:
             ax.plot(*zip(*med), "o-", color=color, label=f"{ctl}: median over seeds")
