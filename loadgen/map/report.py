@@ -110,6 +110,12 @@ def format_report(summary: dict) -> str:
         lines.append(f"  simulated boundary, {row['controller']}, trigger x{row['trigger_factor']:g}: "
                      f"P(degraded) reaches 10% at {at(0.1, row['rate_p10'])}, 50% at {at(0.5, row['rate_p50'])}, "
                      f"90% at {at(0.9, row['rate_p90'])}")
+    for row in summary["boundaries"]:
+        if row["controller"] == grid["controllers"][0] and row["trigger_factor"] in (0.0, factor) \
+                and row["rate_p50"] is not None and row["rate_p50"] > min(grid["rates_per_s"]):
+            lines.append(f"  against the bounds ({row['controller']}, trigger x{row['trigger_factor']:g}): the 50% "
+                         f"boundary sits at {row['rate_p50'] / b['healthy_rate_per_s']:.2f} x the healthy-side rate "
+                         f"and {row['rate_p50'] / b['drain_rate_per_s']:.2f} x 1/S")
     top = max(grid["rates_per_s"])
     lines.append(f"highest rate with P(degraded) < {SAFE_P:.0%} (every grid rate up to it):")
     for f in sorted({0.0, factor}):
