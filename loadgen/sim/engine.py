@@ -737,8 +737,9 @@ class SimEngine:
             if plan is None:
                 break  # head-of-line blocking
             if plan[0] == "skip":
-                i += 1
-                continue
+                # vLLM retries it next step and lets the requests behind it go on; here it holds
+                # the queue, so the requests holding blocks stay at its front (see _preempt)
+                break
             if plan[0] == "load":
                 self._start_load(req, plan[1:], start_s)
                 i += 1

@@ -557,8 +557,7 @@ class ReferenceEngine:
                 hashes = self._hashes(st, st.num_tokens // bs)
                 k = self._host_lookup(hashes[h:])
                 if k and any(self.host[hh] > 0 for hh in hashes[h:h + k]):
-                    i += 1  # vLLM _blocks_being_loaded: another request loads some of them; retry next step
-                    continue
+                    break  # vLLM _blocks_being_loaded: another request loads some of them (SimEngine says why)
                 if cfg.reserve_full_prompt or k:  # a load reserves the whole prompt
                     total = cdiv(st.num_tokens, bs)
                 else:
