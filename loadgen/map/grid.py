@@ -146,7 +146,9 @@ def map_job(spec: ExperimentSpec, spec_dir: Optional[Path], trigger_factors: Seq
         raise GridError("the map's trigger is the spec's burst (its start and duration; the map varies its "
                         "extra_rate_factor), and no arm of the spec has a `kind: burst` trigger; add one, or "
                         "pass --trigger-factors 0")
-    text = json.dumps(spec.model_dump(mode="json"), sort_keys=True)
+    # the spec as written (its set fields, resolved): a tool update that only adds a field with
+    # its default does not void a map in progress; any change to what the spec says does
+    text = json.dumps(spec.model_dump(mode="json", exclude_unset=True), sort_keys=True)
     return MapJob(spec, spec_dir, burst, hashlib.sha256(text.encode()).hexdigest()[:16])
 
 
