@@ -176,17 +176,14 @@ class OutcomeStore:
             self.save()
 
     def save(self) -> None:
-        # sorted rows: the same map writes the same bytes whatever order its runs finished in
-        rows = [self.rows[k] for k in sorted(self.rows)]
-        table = pa.Table.from_pylist([{f: r.get(f) for f in OUTCOME_SCHEMA.names} for r in rows],
-                                     schema=OUTCOME_SCHEMA)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        pq.write_table(table, tmp)
+        pq.write_table(self.table(), tmp)
         os.replace(tmp, self.path)
         self._unsaved = 0
 
     def table(self) -> pa.Table:
+        # sorted rows: the same map writes the same bytes whatever order its runs finished in
         rows = [self.rows[k] for k in sorted(self.rows)]
         return pa.Table.from_pylist([{f: r.get(f) for f in OUTCOME_SCHEMA.names} for r in rows], schema=OUTCOME_SCHEMA)
 
