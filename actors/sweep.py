@@ -23,7 +23,7 @@ import tempfile
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Optional
 
 import ray
 import yaml
@@ -238,7 +238,7 @@ class _LiveSweep:
         num_fleets = self.num_fleets or max(2, num_alive_nodes())
         self.fleets = [SessionFleet.options(scheduling_strategy="SPREAD").remote() for _ in range(num_fleets)]
         try:
-            done = await asyncio.gather(*(self._pair(pair) for pair in pairs))
+            done = await _gather_all(self._pair(pair) for pair in pairs)
         finally:
             for actor in (self.recorder, *self.fleets):
                 ray.kill(actor)
@@ -250,12 +250,12 @@ class _LiveSweep:
             async with self._room_for(len(keys)) as group:
                 runs = [_LiveRun(self, key, group, i) for i, key in enumerate(keys)]
                 try:
-                    await asyncio.gather(*(run.prepare() for run in runs))
+                    await _gather_all(run.prepare() for run in runs)
                     # one origin for the pair: both arms see the same run time at the same moment
                     origin = epoch_s() + START_LEAD_S
-                    await asyncio.gather(*(run.execute(origin) for run in runs if run.prepared))
+                    await _gather_all(run.execute(origin) for run in runs if run.prepared)
                 finally:
-                    await asyncio.gather(*(run.release() for run in runs))
+                    await _gather_all(run.release() for run in runs)
         except asyncio.TimeoutError:
             runs = [_LiveRun(self, key, None, i) for i, key in enumerate(keys)]
             for run in runs:
@@ -342,6 +342,7 @@ class _LiveRun:
         sweep, spec, key = self.sweep, self.sweep.spec, self.key
         recording = False
         exited: Optional[asyncio.Future] = None
+        ran: Optional[asyncio.Future] = None
         try:
             await sweep.recorder.open.remote(str(self.run_dir), key.run_id, key.arm, key.seed,
                                              spec.recording.flush_interval_s)
@@ -379,6 +380,13 @@ class _LiveRun:
                         "sessions_completed": counts.sessions.completed_total,
                         "sessions_crashed": crashed,
                         "turns_completed": counts.turns_completed, **flushes})
+        except asyncio.CancelledError:
+            # Ctrl-C (asyncio.run cancels the sweep): stop the sessions, so that the fleets ship
+            # their last rows before the recorder closes; run_sweep then marks the run interrupted
+            if ran is not None:
+                await self._stop_sessions(ran)
+                _settle(ran)
+            raise
         except Exception as exc:  # recorded in run.json; the sweep goes on
             self._fail(exc)
         finally:
@@ -418,6 +426,19 @@ class _LiveRun:
 
     def _write(self) -> None:
         write_json_atomic(self.run_dir / "run.json", self.info)
+
+
+async def _gather_all(awaitables: Iterable[Awaitable]) -> list:
+    """Run every awaitable to its end, then raise the first failure, if any.
+
+    ``asyncio.gather`` returns at the first child that fails or is cancelled and leaves the others
+    running: on Ctrl-C (asyncio.run cancels the sweep) the sweep would then kill the recorder, the
+    fleets and the engines under runs still stopping their sessions and closing their files."""
+    results = await asyncio.gather(*awaitables, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
 
 
 def _settle(watch: asyncio.Future) -> None:

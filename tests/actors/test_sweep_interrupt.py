@@ -5,12 +5,14 @@ traceback, and the next sweep runs exactly those runs and leaves the completed o
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -64,3 +66,28 @@ def test_ctrl_c_marks_unfinished_runs_interrupted_and_the_next_sweep_runs_just_t
     assert sorted(ran) == sorted(interrupted)
     assert {r["status"] for r in results} == {"completed"}
     assert all((out / "runs" / run_id / "turns.parquet").read_bytes() == content for run_id, content in kept.items())
+
+
+def test_ctrl_c_during_live_runs_stops_their_sessions_and_keeps_their_rows(ray_local, tmp_path):
+    """The same Ctrl-C in a sweep of launched engines (serve-sim at 60x, a pair per seed, both pairs
+    at once on the 4 fake GPUs): asyncio.run cancels the sweep, every run stops its sessions and
+    closes its files before the actors go, and each run says interrupted."""
+    data = make_spec_dict(engine={"kind": "serve_sim", "simulator": {"pool_tokens": 160_000}}, time_scale=60.0)
+    spec = parse_spec(data)
+    keys = run_keys(spec)
+
+    def interrupt_soon(start) -> None:
+        # a few seconds in (a few simulated minutes): rows recorded, no run near its end
+        if start.key.run_id == "base-s1":
+            asyncio.get_running_loop().call_later(3.0, signal.raise_signal, signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec, tmp_path, keys, on_run_start=interrupt_soon)
+    for key in keys:
+        run_dir = tmp_path / "runs" / key.run_id
+        info = json.loads((run_dir / "run.json").read_text())
+        assert (info["status"], info["error"]) == ("interrupted", INTERRUPTED)
+        assert not (run_dir / ".parts").exists()  # the recorder closed: parts merged
+        samples = pq.read_table(run_dir / "samples.parquet").to_pydict()
+        assert 0 < len(samples["t_s"]) < 61  # sampled from t = 0, stopped before the 600 s end
+        assert max(samples["sessions_arrived_total"]) > 0
