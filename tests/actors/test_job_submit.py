@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -58,10 +59,14 @@ def test_ray_job_submit_runs_a_simulated_sweep(tmp_path):
     try:
         address = f"http://127.0.0.1:{dashboard}"
         wait_ready(address, 120.0, head, path="/api/version", poll_s=0.5)
-        job = subprocess.run([str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(REPO),
-                              "--", "loadgen", "sweep", str(spec_path), "--out", str(out),
-                              "--no-figures"],
-                             env=env, capture_output=True, text=True, timeout=300)
+        for _ in range(30):  # the job agent comes up after the dashboard answers; on a busy machine, later
+            job = subprocess.run([str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir",
+                                  str(REPO), "--", "loadgen", "sweep", str(spec_path), "--out", str(out),
+                                  "--no-figures"],
+                                 env=env, capture_output=True, text=True, timeout=300)
+            if job.returncode == 0 or "No available agent" not in job.stderr:
+                break
+            time.sleep(3)
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     finally:
         _stop_head(head)
