@@ -44,7 +44,7 @@ def test_the_spec_offers_every_loader_format():
 def test_missing_file_and_unknown_format_name_their_fields():
     msg = _error({"kind": "trace_file", "path": "/nowhere/trace.jsonl", "format": "shapes"})
     assert "my.yaml" in msg and "workload.sessions.path: no such file: /nowhere/trace.jsonl" in msg
-    msg = _error({"kind": "trace_file", "path": str(FIXTURES / "shapes.jsonl"), "format": "mooncake"})
+    msg = _error({"kind": "trace_file", "path": str(FIXTURES / "shapes.jsonl"), "format": "sharegpt"})
     assert "workload.sessions.format" in msg and "'tracelab'" in msg
 
 

@@ -4,8 +4,10 @@ This package imports nothing from the rest of agent-loadgen: shapes are plain da
 """
 
 from .describe import describe_sessions, format_description
-from .loaders import FORMATS, LoadedTrace, TraceFormatError, load_swebench, load_trace, swebench_shapes_path
+from .hf import DatasetRows, load_hf
+from .loaders import FORMATS, LoadedTrace, TraceFormatError, load_rows, load_swebench, load_trace, swebench_shapes_path
 from .records import RecordedSession
+from .rows import FileRows, LoaderOptions, RowSource
 from .replay import (EmpiricalGaps, ExponentialGaps, GapFallback, ReplayOptions, ReplayStats, TraceReplay,
                      build_replay, select_models)
 from .shape import SessionShape
@@ -13,7 +15,7 @@ from .synthetic import MixShiftSessions, SyntheticSessions
 from .tracelab import GeneratedReplay, TraceLabLikeSessions
 
 __all__ = [
-    "FORMATS", "EmpiricalGaps", "ExponentialGaps", "GapFallback", "GeneratedReplay", "LoadedTrace",
+    "FORMATS", "DatasetRows", "EmpiricalGaps", "FileRows", "LoaderOptions", "RowSource", "load_hf", "load_rows", "ExponentialGaps", "GapFallback", "GeneratedReplay", "LoadedTrace",
     "MixShiftSessions", "RecordedSession", "ReplayOptions", "ReplayStats", "SessionShape", "SyntheticSessions",
     "TraceFormatError", "TraceLabLikeSessions", "TraceReplay", "build_replay", "describe_sessions",
     "format_description", "load_swebench", "load_trace", "select_models", "swebench_shapes_path",

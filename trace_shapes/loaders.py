@@ -32,39 +32,39 @@ Formats (field names as in the data sets' own documentation):
     file starts a session of its own, counted), in timestamp order. The trace has no response
     end times, so the gap is the interval between request starts: it includes the model's own
     latency and overstates the tool/think time.
+``mooncake``
+    One request a row (kvcache-ai/Mooncake): ``timestamp`` (ms), ``input_length``,
+    ``output_length``, ``hash_ids`` (512-token block hashes), optional ``session_id`` and
+    ``delay``; sessions by session_id or by block-hash continuation, cross-session prefixes from
+    shared hashes (``trace_shapes/mooncake.py``).
+``aiperf``
+    AIPerf's multi-turn inputs: ``multi_turn`` rows (``session_id``, ``turns[]``) and session
+    rows of its ``mooncake_trace`` type; turn inputs accumulate with the responses
+    (``trace_shapes/aiperf.py``).
+``calls``
+    One call a row, generic (``session_id``, ``input_tokens`` or ``new_input_tokens``,
+    ``output_tokens``, optional ``turn_index``, ``gap_s``, ``timestamp_s``, ``model``): for any
+    table, e.g. a Hugging Face dataset with its columns renamed (``trace_shapes/calls.py``).
+
+A Hugging Face dataset is read through the same formats (``trace_shapes/hf.py``).
 """
 
 from __future__ import annotations
 
-import gzip
-import json
-import math
-import re
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Callable, Optional, Union
 
+from .aiperf import read_aiperf
+from .calls import read_calls
+from .mooncake import read_mooncake
 from .records import RecordedSession
+from .rows import FileRows, LoaderOptions, Row, RowSource, TraceFormatError
 
 SWEBENCH_FILE = "swebench_agent_shapes.jsonl"
 INPUT_EVENT_TYPES = frozenset({"tool_result", "user_message"})
-
-
-class TraceFormatError(ValueError):
-    """A trace file that cannot be read; the message names the file, row and field."""
-
-    def __init__(self, path: Union[str, Path], problem: str, row: Optional[int] = None,
-                 field: Optional[str] = None) -> None:
-        where = str(path)
-        if row is not None:
-            where += f": row {row}"
-        if field is not None:
-            where += f": field {field!r}"
-        super().__init__(f"{where}: {problem}")
-        self.path, self.row, self.field = str(path), row, field
 
 
 @dataclass(frozen=True)
@@ -82,120 +82,10 @@ class LoadedTrace:
         return [g for s in self.sessions for g in s.gaps_s if g is not None]
 
 
-# ---------------------------------------------------------------- rows and fields
-class _Row:
-    """One row of a file, for reading fields with errors that say where they are."""
-
-    def __init__(self, path: Path, number: int, data: Any) -> None:
-        self.path, self.row_number, self.data = path, number, data
-        if not isinstance(data, dict):
-            raise self.error(None, f"expected an object, got {type(data).__name__}")
-
-    def error(self, field: Optional[str], problem: str) -> TraceFormatError:
-        return TraceFormatError(self.path, problem, self.row_number, field)
-
-    def require(self, obj: dict, key: str, field: str) -> Any:
-        value = obj.get(key)
-        if value is None:
-            raise self.error(field, "missing")
-        return value
-
-    def integer(self, value: Any, field: str, minimum: int = 0) -> int:
-        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not is_number or not math.isfinite(value) or value != int(value) or value < minimum:
-            raise self.error(field, f"expected an integer >= {minimum}, got {value!r}")
-        return int(value)
-
-    def number(self, value: Any, field: str, minimum: Optional[float] = None) -> float:
-        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not is_number or not math.isfinite(value) or (minimum is not None and value < minimum):
-            bound = "" if minimum is None else f" >= {minimum:g}"
-            raise self.error(field, f"expected a number{bound}, got {value!r}")
-        return float(value)
-
-    def listing(self, value: Any, field: str) -> list:
-        if not isinstance(value, list):
-            raise self.error(field, f"expected a list, got {type(value).__name__}")
-        return value
-
-    def mapping(self, value: Any, field: str) -> dict:
-        if not isinstance(value, dict):
-            raise self.error(field, f"expected an object, got {type(value).__name__}")
-        return value
-
-    def text(self, value: Any, field: str) -> str:
-        if isinstance(value, bool) or not isinstance(value, (str, int)):
-            raise self.error(field, f"expected a string, got {value!r}")
-        return str(value)
-
-    def timestamp_s(self, value: Any, field: str) -> float:
-        """An ISO-8601 time (naive means UTC) or a number of seconds, as seconds."""
-        if isinstance(value, str):
-            seconds = _parse_iso_s(value)
-            if seconds is None:
-                raise self.error(field, f"expected an ISO-8601 time, got {value!r}")
-            return seconds
-        return self.number(value, field)
-
-
-_ISO_FRACTION = re.compile(r"(\.\d+)")
-
-
-def _parse_iso_s(text: str) -> Optional[float]:
-    # Python 3.10's fromisoformat takes neither "Z" nor 7-digit (.NET) fractions; normalise both.
-    text = text.strip().replace("Z", "+00:00").replace("z", "+00:00")
-    text = _ISO_FRACTION.sub(lambda m: m.group(1)[:7].ljust(7, "0"), text, count=1)
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return moment.timestamp()
-
-
-def _iter_rows(path: Union[str, Path]) -> Iterator[_Row]:
-    """The rows of a JSONL, gzip JSONL or Parquet file, numbered from 1."""
-    path = Path(path)
-    if not path.is_file():
-        raise TraceFormatError(path, "no such file")
-    if path.suffix == ".parquet":
-        yield from _parquet_rows(path)
-        return
-    opener: Callable[..., Any] = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as lines:
-            for number, line in enumerate(lines, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    data = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise TraceFormatError(path, f"not valid JSON ({exc.msg} at column {exc.colno})", number) from None
-                yield _Row(path, number, data)
-    except (OSError, UnicodeDecodeError, EOFError) as exc:
-        raise TraceFormatError(path, f"cannot read as {'gzip ' if opener is gzip.open else ''}JSONL ({exc})") from None
-
-
-def _parquet_rows(path: Path) -> Iterator[_Row]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        batches = pq.ParquetFile(path).iter_batches()
-        number = 0
-        for batch in batches:
-            for data in batch.to_pylist():
-                number += 1
-                yield _Row(path, number, data)
-    except (OSError, pa.ArrowException) as exc:
-        raise TraceFormatError(path, f"cannot read as Parquet ({exc})") from None
-
-
 # ---------------------------------------------------------------- formats
-def _read_shapes(path: Path) -> tuple[list[RecordedSession], int, list[str]]:
+def _read_shapes(rows: RowSource, options: "LoaderOptions") -> tuple[list[RecordedSession], int, list[str]]:
     sessions, num_rows = [], 0
-    for row in _iter_rows(path):
+    for row in rows:
         num_rows += 1
         calls = row.listing(row.require(row.data, "calls", "calls"), "calls")
         if not calls:
@@ -211,7 +101,7 @@ def _read_shapes(path: Path) -> tuple[list[RecordedSession], int, list[str]]:
             if k:
                 gaps.append(None if call[2] is None else row.number(call[2], f"{where}[2]", minimum=0.0))
         model = row.text(row.data.get("model", "unknown"), "model")
-        session_id = row.text(row.data.get("source", f"{path.name}:{row.row_number}"), "source")
+        session_id = row.text(row.data.get("source", f"{Path(rows.name).name}:{row.row_number}"), "source")
         sessions.append(RecordedSession(session_id, model, tuple(prompts), tuple(outputs), tuple(gaps)))
     return sessions, num_rows, []
 
@@ -226,7 +116,7 @@ class _Round:
     input_ready_s: Optional[float]  # its latest tool_result / user_message event
 
 
-def _tracelab_round(row: _Row) -> tuple[str, _Round]:
+def _tracelab_round(row: Row) -> tuple[str, _Round]:
     data = row.data
     session_id = row.text(row.require(data, "session_id", "session_id"), "session_id")
     index = row.integer(row.require(data, "round_index", "round_index"), "round_index")
@@ -251,10 +141,10 @@ def _tracelab_round(row: _Row) -> tuple[str, _Round]:
     return session_id, _Round(index, prompt, output, model, end_s, ready_s)
 
 
-def _read_tracelab(path: Path) -> tuple[list[RecordedSession], int, list[str]]:
+def _read_tracelab(rows: RowSource, options: "LoaderOptions") -> tuple[list[RecordedSession], int, list[str]]:
     rounds: dict[str, list[_Round]] = defaultdict(list)
     num_rows = 0
-    for row in _iter_rows(path):
+    for row in rows:
         num_rows += 1
         session_id, rnd = _tracelab_round(row)
         rounds[session_id].append(rnd)
@@ -281,9 +171,9 @@ def _read_tracelab(path: Path) -> tuple[list[RecordedSession], int, list[str]]:
     return sessions, num_rows, notes
 
 
-def _read_copilot(path: Path) -> tuple[list[RecordedSession], int, list[str]]:
+def _read_copilot(rows: RowSource, options: "LoaderOptions") -> tuple[list[RecordedSession], int, list[str]]:
     sessions, num_rows, num_empty, num_overlaps = [], 0, 0, 0
-    for row in _iter_rows(path):
+    for row in rows:
         num_rows += 1
         session_id = row.text(row.require(row.data, "session_id", "session_id"), "session_id")
         calls = []  # (start_s, end_s, prompt, output, model)
@@ -321,10 +211,10 @@ def _read_copilot(path: Path) -> tuple[list[RecordedSession], int, list[str]]:
     return sessions, num_rows, notes
 
 
-def _read_bailian(path: Path) -> tuple[list[RecordedSession], int, list[str]]:
+def _read_bailian(rows: RowSource, options: "LoaderOptions") -> tuple[list[RecordedSession], int, list[str]]:
     requests: dict[int, tuple[int, float, int, int, int]] = {}  # chat_id -> (parent, t, input, output, row)
     num_rows = 0
-    for row in _iter_rows(path):
+    for row in rows:
         num_rows += 1
         data = row.data
         chat_id = row.integer(row.require(data, "chat_id", "chat_id"), "chat_id")
@@ -338,7 +228,7 @@ def _read_bailian(path: Path) -> tuple[list[RecordedSession], int, list[str]]:
             row.integer(row.require(data, "output_length", "output_length"), "output_length"),
             row.row_number,
         )
-    roots, num_orphans = _bailian_roots(path, requests)
+    roots, num_orphans = _bailian_roots(rows.name, requests)
     by_root: dict[int, list[tuple[float, int, int]]] = defaultdict(list)
     for chat_id, (_parent, t, prompt, output, _row) in requests.items():
         by_root[roots[chat_id]].append((t, prompt, output))
@@ -355,7 +245,7 @@ def _read_bailian(path: Path) -> tuple[list[RecordedSession], int, list[str]]:
     return sessions, num_rows, notes
 
 
-def _bailian_roots(path: Path, requests: dict[int, tuple]) -> tuple[dict[int, int], int]:
+def _bailian_roots(path: str, requests: dict[int, tuple]) -> tuple[dict[int, int], int]:
     """chat_id -> the root its parent chain leads to, and how many chains end at a missing parent."""
     roots: dict[int, int] = {}
     num_orphans = 0
@@ -381,25 +271,34 @@ def _bailian_roots(path: Path, requests: dict[int, tuple]) -> tuple[dict[int, in
     return roots, num_orphans
 
 
-FORMATS: dict[str, Callable[[Path], tuple[list[RecordedSession], int, list[str]]]] = {
+Reader = Callable[[RowSource, LoaderOptions], tuple[list[RecordedSession], int, list[str]]]
+
+FORMATS: dict[str, Reader] = {
     "shapes": _read_shapes,
     "tracelab": _read_tracelab,
     "copilot": _read_copilot,
     "bailian": _read_bailian,
+    "mooncake": read_mooncake,
+    "aiperf": read_aiperf,
+    "calls": read_calls,
 }
 
 
-def load_trace(path: Union[str, Path], format: str) -> LoadedTrace:
-    """Every session of ``path`` read as ``format`` (one of :data:`FORMATS`)."""
+def load_rows(rows: RowSource, format: str, options: Optional[LoaderOptions] = None) -> LoadedTrace:
+    """Every session of a row source read as ``format`` (one of :data:`FORMATS`)."""
     try:
         reader = FORMATS[format]
     except KeyError:
         raise ValueError(f"unknown trace format {format!r}; formats: {sorted(FORMATS)}") from None
-    path = Path(path)
-    sessions, num_rows, notes = reader(path)
+    sessions, num_rows, notes = reader(rows, options or LoaderOptions())
     if not sessions:
-        raise TraceFormatError(path, f"no sessions in {num_rows} rows")
-    return LoadedTrace(str(path), format, tuple(sessions), num_rows, tuple(notes))
+        raise TraceFormatError(rows.name, f"no sessions in {num_rows} rows")
+    return LoadedTrace(rows.name, format, tuple(sessions), num_rows, tuple(notes))
+
+
+def load_trace(path: Union[str, Path], format: str, options: Optional[LoaderOptions] = None) -> LoadedTrace:
+    """Every session of the file ``path`` read as ``format`` (one of :data:`FORMATS`)."""
+    return load_rows(FileRows(path), format, options)
 
 
 def swebench_shapes_path() -> Path:

@@ -13,6 +13,11 @@ class RecordedSession:
     ``prompt_tokens[k]`` is the whole context sent on call k, ``output_tokens[k]`` what it
     generated, ``gaps_s[k]`` the pause between the end of call k's response and the start of
     call k + 1 (tool and think time), or None where the trace does not record it.
+
+    ``shared_prefix_tokens`` / ``prefix_key``: where the trace records which leading tokens of the
+    first prompt other sessions send too (Mooncake's block hashes), their number and a name
+    identical across exactly the sessions that share them; None where it does not (the replay's
+    ``shared_prefix_tokens`` option applies then).
     """
 
     session_id: str
@@ -20,6 +25,8 @@ class RecordedSession:
     prompt_tokens: tuple[int, ...]
     output_tokens: tuple[int, ...]
     gaps_s: tuple[Optional[float], ...]
+    shared_prefix_tokens: Optional[int] = None
+    prefix_key: Optional[str] = None
 
     def __post_init__(self) -> None:
         num_calls = len(self.prompt_tokens)
@@ -28,6 +35,9 @@ class RecordedSession:
         if len(self.output_tokens) != num_calls or len(self.gaps_s) != num_calls - 1:
             raise ValueError(f"session {self.session_id!r}: {num_calls} prompts need as many outputs and "
                              f"{num_calls - 1} gaps, got {len(self.output_tokens)} and {len(self.gaps_s)}")
+        if self.shared_prefix_tokens is not None and not 0 <= self.shared_prefix_tokens <= self.prompt_tokens[0]:
+            raise ValueError(f"session {self.session_id!r}: shared_prefix_tokens {self.shared_prefix_tokens} "
+                             f"outside [0, first prompt {self.prompt_tokens[0]}]")
 
     @property
     def num_calls(self) -> int:

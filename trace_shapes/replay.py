@@ -83,6 +83,8 @@ class PreparedSession:
     num_recorded_calls: int
     num_raised_turns: int  # kept turns whose prompt was raised above the recorded one
     num_extra_tokens: int  # sum over kept turns of (replayed - recorded prompt)
+    shared_prefix_tokens: Optional[int] = None  # the recording's own cross-session prefix, if it has one
+    prefix_key: Optional[str] = None
 
     @property
     def num_calls(self) -> int:
@@ -119,6 +121,8 @@ def prepare(session: RecordedSession, truncate_at_tokens: int) -> Optional[Prepa
         num_recorded_calls=session.num_calls,
         num_raised_turns=sum(e > 0 for e in extra),
         num_extra_tokens=sum(extra),
+        shared_prefix_tokens=session.shared_prefix_tokens,
+        prefix_key=session.prefix_key,
     )
 
 
@@ -134,14 +138,20 @@ def to_shape(prepared: PreparedSession, options: ReplayOptions, fallback: Option
             raise ValueError(f"session {prepared.session_id!r} has unrecorded gaps and no gap fallback")
         for k, g in zip(missing, fallback.draw(rng, len(missing))):
             gaps[k] = float(g)
+    # a prefix the recording names (Mooncake's shared block hashes) replaces the one-for-all
+    # system prompt: sessions share exactly what they shared in the trace
+    if prepared.shared_prefix_tokens is not None:
+        shared, prefix_key = prepared.shared_prefix_tokens, f"{options.prefix_key}:{prepared.prefix_key}"
+    else:
+        shared, prefix_key = options.shared_prefix_tokens, options.prefix_key
     return SessionShape(
         kind=options.kind,
         initial_tokens=prompts[0],
         output_tokens=outputs,
         growth_tokens=growth,
         think_s=tuple(float(g) for g in gaps),
-        shared_prefix_tokens=min(options.shared_prefix_tokens, prompts[0]),
-        prefix_key=options.prefix_key,
+        shared_prefix_tokens=min(shared, prompts[0]),
+        prefix_key=prefix_key,
     )
 
 

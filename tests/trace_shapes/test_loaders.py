@@ -117,8 +117,8 @@ def test_unreadable_files(tmp_path):
     assert "gzip" in str(err)
     with pytest.raises(TraceFormatError, match="no such file"):
         load_trace(tmp_path / "missing.jsonl", "shapes")
-    with pytest.raises(ValueError, match="unknown trace format 'mooncake'"):
-        load_trace(FIXTURES / "shapes.jsonl", "mooncake")
+    with pytest.raises(ValueError, match="unknown trace format 'sharegpt'"):
+        load_trace(FIXTURES / "shapes.jsonl", "sharegpt")
 
 
 def test_shipped_swebench_shapes():
