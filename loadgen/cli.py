@@ -36,6 +36,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         spec = spec.model_copy(update={"engine": engine})
     elif args.model:
         raise SpecError("--model needs --endpoint")
+    if args.api is not None:  # chat or completions for a live run (docs/chat.md)
+        if spec.engine.kind != "openai":
+            raise SpecError(f"--api applies to live runs only (with --endpoint URL, or a spec whose engine is kind "
+                            f"openai); {args.spec} simulates in virtual time")
+        spec = spec.model_copy(update={"engine": spec.engine.model_copy(update={"api": args.api})})
     if spec.engine.kind in ("vllm", "sglang", "serve_sim"):
         raise SpecError(f"{args.spec}: engine kind {spec.engine.kind!r} is launched on a Ray cluster by "
                         "`loadgen sweep` (or run against a server you started: --endpoint URL)")
@@ -415,7 +420,16 @@ def _cmd_serve_sim(args: argparse.Namespace) -> int:
                 sglang={"page_size": args.page_size, "schedule_policy": args.schedule_policy}))
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
             raise SpecError(f"serve-sim --flavor sglang: {str(exc).splitlines()[-1].strip()}") from None
-    server = SimServer(config, cost, time_scale=args.time_scale, model=args.model)
+    tokenizer = None
+    if args.tokenizer:
+        from .live.tokenizer import LocalTokenizer, TokenizerError
+
+        try:
+            tokenizer = LocalTokenizer(args.tokenizer)
+        except TokenizerError as exc:
+            raise SpecError(f"--tokenizer: {exc}") from None
+    server = SimServer(config, cost, time_scale=args.time_scale, model=args.model, tokenizer=tokenizer,
+                       chat_only=args.chat_only)
 
     async def main() -> None:
         await serve(server, args.host, args.port)
@@ -433,16 +447,24 @@ def _cmd_serve_sim(args: argparse.Namespace) -> int:
 SHAPE_NAMES = ("swebench", "tracelab-synthetic")
 
 
+def _column(text: str) -> tuple[str, str]:
+    field, sep, column = text.partition("=")
+    if not sep or not field or not column:
+        raise SpecError(f"--column expects FIELD=COLUMN (the format's field name = the dataset's column), got {text!r}")
+    return field, column
+
+
 def _cmd_shapes(args: argparse.Namespace) -> int:
     import json
 
     import numpy as np
 
-    from trace_shapes import (TraceLabLikeSessions, describe_sessions, format_description, load_swebench, load_trace,
-                              select_models)
+    from trace_shapes import (LoaderOptions, TraceLabLikeSessions, describe_sessions, format_description, load_hf,
+                              load_swebench, load_trace, select_models)
 
     for flag, values in (("--truncate-at", [args.truncate_at]), ("--over", args.over or []),
-                         ("--num-sessions", [args.num_sessions])):
+                         ("--num-sessions", [args.num_sessions]), ("--block-tokens", [args.block_tokens]),
+                         ("--default-output-tokens", [args.default_output_tokens] if args.default_output_tokens else [])):
         for value in values:
             if value <= 0:
                 raise SpecError(f"{flag} must be a positive number of {'sessions' if flag == '--num-sessions' else 'tokens'}, "
@@ -456,7 +478,14 @@ def _cmd_shapes(args: argparse.Namespace) -> int:
             sessions = [generator.record(rng, f"tracelab-like-{i}") for i in range(args.num_sessions)]
             notes = (f"{args.num_sessions} sessions generated from TraceLab's published statistics, seed {args.seed}",)
         else:
-            trace = load_trace(args.source, args.format)
+            options = LoaderOptions(args.tokenizer, args.default_output_tokens, args.block_tokens)
+            columns = dict(_column(c) for c in args.column or [])
+            if args.source.startswith("hf:") or Path(args.source).is_dir() or columns:
+                # a Hugging Face dataset: its format defaults to the generic one-call-a-row format
+                trace = load_hf(args.source.removeprefix("hf:"), args.format or "calls", args.split,
+                                args.config, columns, options)
+            else:
+                trace = load_trace(args.source, args.format or "shapes", options)
             sessions, notes = trace.sessions, trace.notes
         sessions = select_models(sessions, args.model)
     except ValueError as exc:
@@ -537,6 +566,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--endpoint", help="run against this OpenAI-compatible server instead of the spec's engine")
     run.add_argument("--model", help="served model name (with --endpoint; default: the first one served)")
     run.add_argument("--time-scale", type=float, help="compress every workload time X-fold (live runs only)")
+    run.add_argument("--api", choices=("completions", "chat"),
+                     help="the endpoint's API for a live run (default: the spec's engine.api, else completions)")
     run.add_argument("--force-new-spec", action="store_true",
                      help="DIR holds runs of another spec: move them to DIR/previous-N/ instead of refusing")
     run.set_defaults(func=_cmd_run)
@@ -599,6 +630,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="which engine and API surface: vLLM's (default) or SGLang's (radix cache, /flush_cache, "
                             "sglang:* metrics); --max-num-batched-tokens is SGLang's --chunked-prefill-size")
     serve.add_argument("--page-size", type=int, default=1, help="SGLang's --page-size (flavor sglang)")
+    serve.add_argument("--tokenizer", metavar="PATH",
+                       help="tokenizer.json or a model directory: tokenizes chat messages and text prompts "
+                            "(default: one token per whitespace-separated word)")
+    serve.add_argument("--chat-only", action="store_true",
+                       help="serve no /v1/completions (an endpoint that speaks only the chat API)")
     serve.add_argument("--schedule-policy", choices=("fcfs", "lpm"), default="fcfs",
                        help="SGLang's --schedule-policy (flavor sglang)")
     serve.set_defaults(func=_cmd_serve_sim)
@@ -639,9 +675,19 @@ def build_parser() -> argparse.ArgumentParser:
     shapes_sub = shapes.add_subparsers(dest="shapes_command", required=True)
     describe = shapes_sub.add_parser(
         "describe", help="calls per session, context and gap percentiles, growth per turn, share of long sessions")
-    describe.add_argument("source", help=f"a trace file (JSONL, .gz, Parquet) or a name: {', '.join(SHAPE_NAMES)}")
-    describe.add_argument("--format", default="shapes", choices=sorted(FORMATS),
-                          help="the file's format (default: shapes, the shipped format)")
+    describe.add_argument("source", help=f"a trace file (JSONL, .gz, Parquet), a Hugging Face dataset (hf:ORG/NAME "
+                                         f"from the local cache, or a local dataset directory) or a name: "
+                                         f"{', '.join(SHAPE_NAMES)}")
+    describe.add_argument("--format", default=None, choices=sorted(FORMATS),
+                          help="the rows' format (default: shapes, the shipped format, for a file; calls for a dataset)")
+    describe.add_argument("--split", default="train", help="Hugging Face dataset: the split (default train)")
+    describe.add_argument("--config", default=None, help="Hugging Face dataset: the configuration name")
+    describe.add_argument("--column", action="append", metavar="FIELD=COLUMN",
+                          help="Hugging Face dataset: the format's field name for a dataset column (repeatable)")
+    describe.add_argument("--tokenizer", default=None, help="aiperf: a local tokenizer.json to count text turns")
+    describe.add_argument("--default-output-tokens", type=int, default=None,
+                          help="aiperf: output tokens of a turn without output_length")
+    describe.add_argument("--block-tokens", type=int, default=512, help="mooncake: tokens per hash_ids block")
     describe.add_argument("--model", action="append", help="only sessions of this model (repeatable)")
     describe.add_argument("--truncate-at", type=int, default=38_000,
                           help="engine limit for the replay section (default 38000)")

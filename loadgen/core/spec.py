@@ -18,8 +18,9 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       model_validator)
 
 from controllers import POLICIES, make_policy
-from trace_shapes import (EmpiricalGaps, ExponentialGaps, GapFallback, GeneratedReplay, LoadedTrace, ReplayOptions,
-                          TraceLabLikeSessions, TraceReplay, build_replay, load_swebench, load_trace, select_models)
+from trace_shapes import (EmpiricalGaps, ExponentialGaps, GapFallback, GeneratedReplay, LoadedTrace, LoaderOptions,
+                          ReplayOptions, TraceLabLikeSessions, TraceReplay, build_replay, load_hf, load_swebench,
+                          load_trace, select_models)
 
 from ..sim.cost import PRESETS, StepCostModel
 from ..sim.offload import (DEFAULT_BANDWIDTH_BYTES_PER_S, DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_LATENCY_S,
@@ -197,11 +198,33 @@ class OpenAIEngineSpec(_Model):
     flush_before_run: bool = Field(True, description=(
         "Reset the prefix cache before each run (a fresh engine); a failed reset stops the run "
         "(vLLM needs VLLM_SERVER_DEV_MODE=1). false: run on whatever the server has cached."))
+    api: Literal["completions", "chat"] = Field(
+        "completions", description=(
+            "completions: /v1/completions with token-id prompts; chat: /v1/chat/completions with a message list "
+            "per session, built to exact token lengths (docs/chat.md)."))
+    tokenizer: Optional[str] = Field(None, description=(
+        "A tokenizer.json or a model directory holding one (and its chat template): counts the text prompts of "
+        "api chat and of the completions text fallback; default: the server's /tokenize. A relative path is "
+        "relative to the spec's directory."))
 
     @field_validator("url", mode="before")
     @classmethod
     def _base_url(cls, value: Any) -> Any:
         return normalize_endpoint_url(value) if isinstance(value, str) else value
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer_exists(cls, value: Optional[str], info: ValidationInfo) -> Optional[str]:
+        if value is None:
+            return None
+        path = Path(value).expanduser()
+        base_dir = (info.context or {}).get("base_dir")
+        if not path.is_absolute() and base_dir is not None:
+            path = Path(base_dir) / path
+        if not (path.is_file() or (path / "tokenizer.json").is_file()):
+            raise ValueError(f"no tokenizer.json at {path} (expected a tokenizer.json file or a model directory "
+                             "holding one)")
+        return str(path.resolve())
 
 
 def normalize_endpoint_url(url: str) -> str:
@@ -353,25 +376,97 @@ class TraceFileSessionSpec(_ReplaySessionSpec):
     kind: Literal["trace_file"] = "trace_file"
     path: str = Field(..., description="Local JSONL, gzip JSONL (.gz) or Parquet (.parquet) file; a relative path "
                                        "is relative to the spec's directory.")
-    format: Literal["shapes", "tracelab", "copilot", "bailian"] = Field(
+    format: Literal["shapes", "tracelab", "copilot", "bailian", "mooncake", "aiperf", "calls"] = Field(
         ..., description="shapes: one session a row, calls [[prompt, completion, gap_s], ...]; tracelab: one "
                          "round a row; copilot: GitHub Copilot coding-agent sessions; bailian: Qwen Bailian "
-                         "requests chained by parent_chat_id (trace_shapes/loaders.py).")
+                         "requests chained by parent_chat_id; mooncake: requests with 512-token block hashes; "
+                         "aiperf: AIPerf multi-turn inputs; calls: one call a row, generic "
+                         "(trace_shapes/loaders.py).")
     system_prompt_tokens: int = Field(
         0, ge=0, description="Tokens of every session's initial context shared by all sessions (the system "
-                             "prompt). Trace formats do not record it; 0 shares nothing across sessions.")
+                             "prompt), for sessions whose trace does not record what they share (mooncake and "
+                             "aiperf do); 0 shares nothing across sessions.")
     label: str = Field("trace", description="Session kind recorded per turn.")
+    tokenizer: Optional[str] = Field(
+        None, description="aiperf: a local tokenizer.json (or a directory with one) to count the tokens of text "
+                          "turns; a relative path is relative to the spec's directory.")
+    default_output_tokens: Optional[int] = Field(
+        None, gt=0, description="aiperf: output tokens of a turn without output_length (AIPerf's --osl).")
+    block_tokens: int = Field(512, gt=0, description="mooncake: tokens per hash_ids block (512 in Mooncake's traces).")
+
+    def loader_options(self) -> LoaderOptions:
+        return LoaderOptions(self.tokenizer, self.default_output_tokens, self.block_tokens)
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer_exists(cls, value: Optional[str], info: ValidationInfo) -> Optional[str]:
+        if value is None:
+            return None
+        path = _resolve(value, info)
+        if not path.exists():
+            raise ValueError(f"no such file or directory: {path}")
+        return str(path.resolve())
 
     @field_validator("path")
     @classmethod
     def _exists(cls, value: str, info: ValidationInfo) -> str:
-        path = Path(value).expanduser()
-        base_dir = (info.context or {}).get("base_dir")
-        if not path.is_absolute() and base_dir is not None:
-            path = Path(base_dir) / path
+        path = _resolve(value, info)
         if not path.is_file():
             raise ValueError(f"no such file: {path}")
         return str(path.resolve())
+
+
+def _resolve(value: str, info: ValidationInfo) -> Path:
+    """A path of the spec: a relative one is relative to the spec's directory."""
+    path = Path(value).expanduser()
+    base_dir = (info.context or {}).get("base_dir")
+    if not path.is_absolute() and base_dir is not None:
+        path = Path(base_dir) / path
+    return path
+
+
+class HFSourceSpec(_Model):
+    """A Hugging Face dataset, read offline (trace_shapes/hf.py)."""
+
+    hf: str = Field(..., description="A local dataset directory (save_to_disk, or data files) or a Hub name "
+                                     "ORG/NAME already in the local datasets cache; nothing is downloaded.")
+    split: str = Field("train", description="The split to read.")
+    config: Optional[str] = Field(None, description="The dataset's configuration name, if it has several.")
+    columns: tuple[tuple[str, str], ...] = Field(
+        (), description="{field: column}: the format's field names for the dataset's columns (a field whose "
+                        "column has its name needs no entry).")
+
+    @field_validator("hf")
+    @classmethod
+    def _local_or_name(cls, value: str, info: ValidationInfo) -> str:
+        path = _resolve(value, info)
+        return str(path.resolve()) if path.exists() else value
+
+    @field_validator("columns", mode="before")
+    @classmethod
+    def _mapping(cls, value: Any) -> Any:
+        # written as a mapping; kept as sorted pairs so that the spec stays hashable (cached replays)
+        if isinstance(value, dict):
+            return tuple(sorted((str(k), str(v)) for k, v in value.items()))
+        return value
+
+
+class HFDatasetSessionSpec(TraceFileSessionSpec):
+    """Sessions from a Hugging Face dataset through the same formats as trace files."""
+
+    kind: Literal["hf_dataset"] = "hf_dataset"  # type: ignore[assignment]
+    path: None = Field(None, description="Not used: the dataset is named by source.")  # type: ignore[assignment]
+    source: HFSourceSpec = Field(..., description="{hf: ORG/NAME or a local path, split, config, columns}.")
+    format: Literal["shapes", "tracelab", "copilot", "bailian", "mooncake", "aiperf", "calls"] = Field(
+        "calls", description="The rows' format after the column renames; calls (default): one call a row with "
+                             "session_id, input_tokens or new_input_tokens, output_tokens, optional turn_index, "
+                             "gap_s, timestamp_s, model.")
+    label: str = Field("hf", description="Session kind recorded per turn.")
+
+    @field_validator("path")
+    @classmethod
+    def _exists(cls, value: None, info: ValidationInfo) -> None:
+        return value
 
 
 class TraceLabSyntheticSessionSpec(_Model):
@@ -412,8 +507,11 @@ def build_session_model(spec: Union[SwebenchSessionSpec, TraceFileSessionSpec, T
 def _cached_replay(spec: Union[SwebenchSessionSpec, TraceFileSessionSpec]) -> TraceReplay:
     if isinstance(spec, SwebenchSessionSpec):
         return spec.build_replay(_cached_swebench())
+    if isinstance(spec, HFDatasetSessionSpec):
+        return spec.build_replay(_cached_hf(spec.source, spec.format, spec.loader_options()))
     stat = Path(spec.path).stat()
-    return spec.build_replay(_cached_trace(spec.path, spec.format, stat.st_mtime_ns, stat.st_size))
+    return spec.build_replay(_cached_trace(spec.path, spec.format, stat.st_mtime_ns, stat.st_size,
+                                           spec.loader_options()))
 
 
 @functools.lru_cache(maxsize=1)
@@ -422,13 +520,19 @@ def _cached_swebench() -> LoadedTrace:
 
 
 @functools.lru_cache(maxsize=4)
-def _cached_trace(path: str, format: str, mtime_ns: int, size: int) -> LoadedTrace:
+def _cached_trace(path: str, format: str, mtime_ns: int, size: int, options: LoaderOptions) -> LoadedTrace:
     # mtime and size are part of the key so that an edited file is read again
-    return load_trace(path, format)
+    return load_trace(path, format, options)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_hf(source: "HFSourceSpec", format: str, options: LoaderOptions) -> LoadedTrace:
+    return load_hf(source.hf, format, source.split, source.config, dict(source.columns), options)
 
 
 SessionSpec = Annotated[
-    Union[SyntheticSessionSpec, SwebenchSessionSpec, TraceFileSessionSpec, TraceLabSyntheticSessionSpec],
+    Union[SyntheticSessionSpec, SwebenchSessionSpec, TraceFileSessionSpec, HFDatasetSessionSpec,
+          TraceLabSyntheticSessionSpec],
     Field(discriminator="kind"),
 ]
 
@@ -669,7 +773,7 @@ class ExperimentSpec(_Model):
         return max(ends) if ends else None
 
 
-_KIND_TAGS = {"sim", "openai", "vllm", "sglang", "serve_sim", "synthetic", "swebench", "trace_file", "tracelab_synthetic", "empirical", "exponential",
+_KIND_TAGS = {"sim", "openai", "vllm", "sglang", "serve_sim", "synthetic", "swebench", "trace_file", "hf_dataset", "tracelab_synthetic", "empirical", "exponential",
               "burst", "extra_sessions", "flush", "rate_change", "mix_shift"}
 
 
