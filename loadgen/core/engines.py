@@ -25,6 +25,9 @@ class TurnRequest:
     shared_prefix_tokens: int = 0
     prefix_key: str = "system"
     token_ids: Optional[list[int]] = None  # only for engines that need real ids (HTTP)
+    # the prompt as chat messages or text, for HTTP engines that send text (loadgen/live/chat.py);
+    # prompt_tokens stays the planned length, which that text is built to
+    prompt_content: Optional[Union[str, list]] = None
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class TurnResult:
     # the simulated engine's per-token times, summarized (it computes them, it does not stream)
     itl_mean_s: float = float("nan")
     itl_max_s: float = float("nan")
+    output_text: Optional[str] = None  # the returned text (live engines): a text context appends it
 
 
 @dataclass(frozen=True)

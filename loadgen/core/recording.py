@@ -27,6 +27,13 @@ TURN_SCHEMA = pa.schema([
     ("cached_tokens", pa.int64()), ("output_tokens", pa.int64()), ("gateway_wait_s", pa.float64()),
     ("num_preemptions", pa.int32()), ("error", pa.string()),
     ("itl_mean_s", pa.float64()), ("itl_max_s", pa.float64()),
+    # added with chat prompts (docs/results-format.md#turnsparquet): the length the session planned
+    # (prompt_tokens is what the engine reports, usage.prompt_tokens live) and, of the previous
+    # turn's prompt + output, the tokens this prompt does not start with (-1: unknown)
+    ("planned_prompt_tokens", pa.int64()), ("retokenization_drift_tokens", pa.int64()),
+    # added with the ideal hit ratio (loadgen/analysis/ideal.py): the longest prefix of this prompt
+    # an infinite cache would hold when it was sent; null in rows written without it
+    ("cacheable_prefix_tokens", pa.int64()),
 ])
 
 SAMPLE_SCHEMA = pa.schema([
@@ -144,10 +151,15 @@ class RunRecorder:
     def turn(self, session_id: int, turn_index: int, is_trigger: bool, kind: str, ready_s: float,
              admit_s: float, first_token_s: float, finish_s: float, prompt_tokens: int, cached_tokens: int,
              output_tokens: int, num_preemptions: int, error: Optional[str],
-             itl_mean_s: float = math.nan, itl_max_s: float = math.nan) -> None:
+             itl_mean_s: float = math.nan, itl_max_s: float = math.nan,
+             planned_prompt_tokens: Optional[int] = None, retokenization_drift_tokens: int = 0,
+             cacheable_prefix_tokens: Optional[int] = None) -> None:
+        if planned_prompt_tokens is None:
+            planned_prompt_tokens = prompt_tokens
         values = (self.run_id, self.arm, self.seed, session_id, turn_index, is_trigger, kind, ready_s, admit_s,
                   first_token_s, finish_s, prompt_tokens, cached_tokens, output_tokens, admit_s - ready_s,
-                  num_preemptions, error, itl_mean_s, itl_max_s)
+                  num_preemptions, error, itl_mean_s, itl_max_s, planned_prompt_tokens,
+                  retokenization_drift_tokens, cacheable_prefix_tokens)
         for col, value in zip(self._turns.cols, values):
             col.append(value)
         if error is None:

@@ -43,6 +43,8 @@ class TokenContext:
     server that still caches an earlier run (no flush) gives it no hits."""
 
     VOCAB = 30000
+    content = None  # a token-id context sends ids, no text (loadgen/live/chat.py's TextContext sends text)
+    drift_tokens = 0  # the next prompt appends the engine's own output ids: nothing is re-tokenized
 
     def __init__(self, shape: SessionShape, run_key: tuple[int, str], session_id: int) -> None:
         seed, arm = run_key
@@ -59,6 +61,13 @@ class TokenContext:
             output_ids = self._rng.integers(1, self.VOCAB, size=num_output).tolist()
         self.ids.extend(output_ids)
         self.ids.extend(self._rng.integers(1, self.VOCAB, size=num_tool).tolist())
+
+    # the session-side surface shared with text contexts, whose building may ask the server
+    async def start(self) -> None:
+        pass
+
+    async def extend(self, result, num_output: int, num_tool: int) -> None:
+        self.append(result.output_token_ids, num_output, num_tool)
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,9 @@ class RunEnv:
     recorder: RunRecorder
     counts: SessionCounts = field(default_factory=SessionCounts)
     retry: RetryPolicy = NO_RETRY
+    # shared prefixes (name, length) some request of this run has sent: an infinite cache holds
+    # them for every later request (turns.parquet cacheable_prefix_tokens; per process in a fleet)
+    sent_prefixes: set = field(default_factory=set)
 
 
 class _Progress:
@@ -142,6 +154,16 @@ def session_crashed(plan: SessionPlan, env: RunEnv, exc: BaseException) -> None:
         env.counts.crashed_total += 1
 
 
+def _output_tokens_not_resent(tokens, result, num_output: int) -> int:
+    """Of a turn's output, the tokens at its end the next prompt does not repeat: all of them when
+    a token-id context got no ids from the engine (it appends random ones), else the text
+    context's re-tokenization drift (0 when unknown: an upper bound)."""
+    if isinstance(tokens, TokenContext):
+        ids = result.output_token_ids
+        return 0 if ids is not None and len(ids) == num_output else num_output
+    return max(int(getattr(tokens, "drift_tokens", 0) or 0), 0)
+
+
 async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> None:
     clock, engine, gateway, recorder, counts = env.clock, env.engine, env.gateway, env.recorder, env.counts
     shape = plan.shape
@@ -153,7 +175,11 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
     if engine.needs_token_ids:
         if plan.token_key is None:
             raise ValueError(f"session {sid}: a live run needs plans from plan_sessions (their token_key)")
-        tokens = TokenContext(shape, plan.token_key, sid)
+        # an engine that sends text builds its own contexts (chat messages or text of exact lengths)
+        make_context = getattr(engine, "session_context", None)
+        tokens = (make_context(shape, plan.token_key, sid) if make_context is not None
+                  else TokenContext(shape, plan.token_key, sid))
+        await tokens.start()
     # A gate in another process (actors.fleet.RemoteGate) cannot answer on the spot: it returns
     # an awaitable of the answer (None: go; else a future to await), one round trip per turn.
     gate_answers_later = getattr(gateway, "answers_later", False)
@@ -173,6 +199,8 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
         counts.gateway_waiting -= 1
         progress.counted_as = None
     recorder.session_admitted(sid, clock.now())
+    # of the next prompt, what an infinite cache would hold from this session's earlier turns
+    held_tokens = 0
     for k in range(num_turns):
         if k:
             ready = clock.now()
@@ -189,10 +217,16 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
         admit = clock.now()
         output = shape.output_tokens[k]
         request = TurnRequest(sid, k, context, output, shape.shared_prefix_tokens, shape.prefix_key,
-                              tokens.ids if tokens is not None else None)
+                              tokens.ids if tokens is not None else None,
+                              tokens.content if tokens is not None else None)
+        prefix = (shape.prefix_key, shape.shared_prefix_tokens)
+        cacheable = max(held_tokens, shape.shared_prefix_tokens if prefix in env.sent_prefixes else 0)
+        env.sent_prefixes.add(prefix)
         attempt = 0
         while True:
             attempt += 1
+            if attempt > 1:
+                cacheable = context  # a retry resends a prompt already sent
             counts.in_engine += 1
             progress.counted_as = "in_engine"
             result = await engine.generate(request)
@@ -204,7 +238,8 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
             itl_max_s = max(gaps) if gaps else result.itl_max_s
             recorder.turn(sid, k, plan.is_trigger, shape.kind, ready, admit, result.first_token_s, result.finish_s,
                           result.prompt_tokens, result.cached_tokens, result.output_tokens, result.num_preemptions,
-                          result.error, itl_mean_s, itl_max_s)
+                          result.error, itl_mean_s, itl_max_s, context,
+                          tokens.drift_tokens if tokens is not None else 0, cacheable)
             if result.error is None or not env.retry.should_retry(attempt, result.error):
                 break
             await clock.sleep(env.retry.delay_s(attempt))
@@ -215,13 +250,21 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
         if k == num_turns - 1:
             break
         growth = shape.growth_tokens[k]
-        if tokens is not None:
-            tokens.append(result.output_token_ids, output, growth)
+        # the engine computed this prompt and the output but its last token (never fed back)
+        held_tokens = context + output - 1
         context += output + growth
         new_demand = context + shape.output_tokens[k + 1]
         counts.demand_tokens += new_demand - demand
         demand = progress.demand_tokens = new_demand
         think = shape.think_s[k]
+        if tokens is not None:
+            # building the tool output is the tool's time: it comes out of the think time
+            # (a text context may count tokens with the server's /tokenize)
+            built_at = clock.now()
+            await tokens.extend(result, output, growth)
+            think -= clock.now() - built_at
+            # the next prompt departs from what the engine holds where the output is not resent as is
+            held_tokens = max(0, min(held_tokens, held_tokens + 1 - _output_tokens_not_resent(tokens, result, output)))
         if think > 0:
             counts.thinking += 1
             progress.counted_as = "thinking"

@@ -30,6 +30,9 @@ import orjson
 from ..core.clock import Clock
 from ..core.engines import EngineMetrics, TurnRequest, TurnResult
 from ..core.lateness import LatenessHistogram
+from ..core.session import TokenContext
+from .chat import PromptBuilder, probe_content
+from .tokenizer import LocalTokenizer, ServerTokenizer, TokenizerError
 
 # serve-sim's lateness histogram (JSON); a real server answers 404 and has no lag of its own to report
 LAG_PATH = "/loadgen/lag"
@@ -250,6 +253,8 @@ class EndpointOptions:
     request_timeout_s: float = 600.0
     return_token_ids: bool = True
     server: str = "auto"  # vllm | sglang | auto: which flush and metric names to use
+    api: str = "completions"  # completions | chat (docs/chat.md)
+    tokenizer: Optional[str] = None  # counts text prompts; None: the server's /tokenize
 
 
 class OpenAIEngineClient:
@@ -272,6 +277,10 @@ class OpenAIEngineClient:
         self.last_metrics: Optional[ScrapedMetrics] = None
         self.consecutive_failures = 0
         self.first_failure_s: Optional[float] = None
+        self.api = options.api
+        self._path = "/v1/chat/completions" if options.api == "chat" else "/v1/completions"
+        # text prompts of exact lengths (chat, or the completions text fallback); set by the preflight
+        self.prompts: Optional[PromptBuilder] = None
         self._headers = {"Content-Type": "application/json"}
         if options.api_key:
             self._headers["Authorization"] = f"Bearer {options.api_key}"
@@ -288,7 +297,8 @@ class OpenAIEngineClient:
             return data.decode(errors="replace")
 
     def _body(self, request: TurnRequest, prompt: Any, stream: bool = True) -> dict:
-        body = {"model": self.model, "prompt": prompt, "max_tokens": request.max_tokens,
+        body = {"model": self.model, "messages" if self.api == "chat" else "prompt": prompt,
+                "max_tokens": request.max_tokens,
                 "min_tokens": request.max_tokens, "ignore_eos": True, "temperature": 0.0, "stream": stream}
         if stream:
             body["stream_options"] = {"include_usage": True, "continuous_usage_stats": False}
@@ -297,6 +307,8 @@ class OpenAIEngineClient:
         return body
 
     def _prompt(self, request: TurnRequest) -> Any:
+        if request.prompt_content is not None:  # chat messages, or a text built to its exact length
+            return request.prompt_content
         ids = request.token_ids
         if ids is None:
             raise ValueError("the HTTP engine needs token ids in TurnRequest.token_ids")
@@ -312,6 +324,7 @@ class OpenAIEngineClient:
         last = submitted
         gaps: list[float] = []
         output_ids: list[int] = []
+        texts: list[str] = []
         usage = meta_info = None
         headers = self._headers
         if request.shared_prefix_tokens:
@@ -319,7 +332,7 @@ class OpenAIEngineClient:
             headers = {**headers, "X-Loadgen-Prefix-Tokens": str(request.shared_prefix_tokens)}
         body = orjson.dumps(self._body(request, self._prompt(request)))
         try:
-            async for batch in self.transport.stream_lines(self.base + "/v1/completions", body, headers,
+            async for batch in self.transport.stream_lines(self.base + self._path, body, headers,
                                                            self.options.request_timeout_s):
                 now = clock.now()
                 got_tokens = False
@@ -334,10 +347,14 @@ class OpenAIEngineClient:
                         raise HttpStatusError(int(chunk["error"].get("code") or 500), str(chunk["error"]))
                     for choice in chunk.get("choices") or ():
                         ids = choice.get("token_ids")
+                        # completions stream "text"; chat streams "delta": {"content": ...}
+                        text = choice["text"] if "text" in choice else (choice.get("delta") or {}).get("content")
+                        if text:
+                            texts.append(text)
                         if ids:
                             output_ids.extend(ids)
                             got_tokens = True
-                        elif choice.get("text"):
+                        elif text:
                             got_tokens = True
                     if chunk.get("usage"):
                         usage = chunk["usage"]
@@ -366,7 +383,7 @@ class OpenAIEngineClient:
             cached = int((meta_info or {}).get("cached_tokens") or 0)
         return TurnResult(submitted, first, finish, int(usage.get("prompt_tokens", request.prompt_tokens)), cached,
                           int(usage.get("completion_tokens", len(output_ids))), 0, None,
-                          output_ids if output_ids else None, tuple(gaps))
+                          output_ids if output_ids else None, tuple(gaps), output_text="".join(texts))
 
     def _failed(self, request: TurnRequest, submitted: float, first: float, error: str) -> TurnResult:
         now = self.clock.now()
@@ -465,6 +482,11 @@ class OpenAIEngineClient:
             raise PreflightError(f"sessions reach {needed_context_tokens} tokens but {self.model} serves at most "
                                  f"{self.max_model_len} (--max-model-len)")
         probe = TurnRequest(-1, 0, 512, 2, token_ids=[(i * 7919) % 29989 + 1 for i in range(512)])
+        if self.api == "chat":  # a message list, counted as the sessions' will be
+            self.prompt_mode = "text"
+            self.prompts = await self._prompt_builder(required=True)
+            content, num_tokens = await probe_content(self.prompts, 512)
+            probe = TurnRequest(-1, 0, num_tokens, 2, prompt_content=content)
         results = []
         for attempt in range(3):  # the first requests after a start can be slow: warm up too
             if self.prompt_mode == "auto":
@@ -473,11 +495,19 @@ class OpenAIEngineClient:
             if result.error and self.options.prompt_mode == "auto" and "HTTP 400" in result.error:
                 self.prompt_mode = "text"
                 result = await self.generate(probe)
+            if result.error and "HTTP 404" in result.error:
+                other = "completions" if self.api == "chat" else "chat"
+                raise PreflightError(f"{self.base}{self._path} answered HTTP 404 (no such path): an endpoint "
+                                     f"without the {self.api} API? set engine.api: {other} (loadgen run --api {other})")
             if result.error:
                 raise PreflightError(f"a probe completion to {self.base} failed: {result.error}")
             results.append(result)
         if self.options.prompt_mode == "auto" and self.prompt_mode == "auto":
             self.prompt_mode = "token_ids"
+        if self.api == "completions" and self.prompt_mode == "text":
+            # the text fallback: prompts of exact lengths when a tokenizer is at hand (the spec's, or
+            # the server's /tokenize), else one word per token id (lengths approximate)
+            self.prompts = await self._prompt_builder(required=False)
         if all(r.cached_tokens == 0 for r in results[1:]):
             raise PreflightError(
                 f"{self.base} reports no cached prompt tokens for a repeated prompt: start vLLM with "
@@ -499,7 +529,44 @@ class OpenAIEngineClient:
         self.first_failure_s = None
         return {"model": self.model, "prompt_mode": self.prompt_mode, "pool_tokens": pool,
                 "server": self.server, "max_model_len": self.max_model_len,
-                "probe_cached_tokens": [r.cached_tokens for r in results]}
+                "probe_cached_tokens": [r.cached_tokens for r in results],
+                "api": self.api, "prompt_lengths": self._prompt_lengths()}
+
+    def _prompt_lengths(self) -> dict:
+        """How prompt lengths are made (run.json preflight): token ids are exact by construction;
+        text is counted by a tokenizer, or approximate (one word per token) without one."""
+        if self.prompts is not None:
+            return {"exact": True, **self.prompts.counter.describe()}
+        return {"exact": self.prompt_mode == "token_ids", "tokenizer": None}
+
+    async def _prompt_builder(self, required: bool) -> Optional[PromptBuilder]:
+        """Text prompts of exact lengths: the spec's tokenizer, else the server's /tokenize.
+        PreflightError when neither works and ``required``; None when not required."""
+        try:
+            if self.options.tokenizer:
+                counter = LocalTokenizer(self.options.tokenizer)
+            else:
+                counter = ServerTokenizer(lambda path, payload: self._json("POST", path, payload), self.model)
+            builder = PromptBuilder(counter, self.api)
+            await builder.prepare()
+            return builder
+        except TokenizerError as exc:
+            if required or self.options.tokenizer:
+                raise PreflightError(f"engine.tokenizer: {exc}") from None
+        except (HttpStatusError, TransportError) as exc:
+            if required:
+                raise PreflightError(
+                    f"{self.api} prompts are built to exact token lengths with a tokenizer: no engine.tokenizer "
+                    f"was given and {self.base}/tokenize failed ({exc}); give engine.tokenizer (a tokenizer.json "
+                    "or the model's directory)") from None
+        return None
+
+    def session_context(self, shape, run_key: tuple[int, str], session_id: int):
+        """A session's context (loadgen/core/session.py): token ids, or text built by the preflight's
+        prompt builder (chat messages, or the completions text fallback)."""
+        if self.prompts is None:
+            return TokenContext(shape, run_key, session_id)
+        return self.prompts.session(shape, run_key, session_id)
 
     async def _sglang_pool_tokens(self) -> Optional[int]:
         """SGLang's pool in tokens from its server info: SGLang 0.5.x exports no metric for it but

@@ -32,7 +32,7 @@ from ..core.workload import plan_sessions
 def endpoint_options(engine: OpenAIEngineSpec) -> EndpointOptions:
     return EndpointOptions(url=engine.url, model=engine.model, api_key=api_key_from_env(engine.api_key_env),
                            prompt_mode=engine.prompt_mode, request_timeout_s=engine.request_timeout_s,
-                           server=engine.server)
+                           server=engine.server, api=engine.api, tokenizer=engine.tokenizer)
 
 
 def max_context_tokens(spec: ExperimentSpec) -> int:

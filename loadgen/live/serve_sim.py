@@ -43,6 +43,7 @@ from ..core.clock import WallClock
 from ..core.engines import SimEngineClient
 from ..core.workload import Stream, rng_for
 from .http_client import LAG_PATH
+from .tokenizer import LocalTokenizer, render_simple, single_token_words
 from ..sim import EngineConfig, SimRequest, StepCostModel
 from ..sim.sglang_engine import SGLangConfig
 
@@ -181,9 +182,44 @@ def text_to_ids(text: str, vocab: int = 30000) -> list[int]:
     return [hash(word) % (vocab - 1) + 1 for word in text.split()]
 
 
+class WordTokenizer:
+    """serve-sim's tokenizer without ``--tokenizer``: one token per whitespace-separated word
+    (``text_to_ids``), chat messages in the simple ChatML template (loadgen/live/tokenizer.py)."""
+
+    def encode_text(self, text: str) -> list[int]:
+        return text_to_ids(text)
+
+    encode_plain = encode_text
+
+    def encode_chat(self, messages, add_generation_prompt: bool = True) -> list[int]:
+        return text_to_ids(render_simple(messages, add_generation_prompt))
+
+
+class TextOutput:
+    """Generated text that re-tokenizes to exactly the ids the engine generated: words of one token
+    each (the tokenizer's, or ``t<n>`` words without one), so a client that sends the text back
+    (chat, text prompts) continues its stream. A real model's text may not (docs/chat.md#drift)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.words = (single_token_words(tokenizer) if isinstance(tokenizer, LocalTokenizer)
+                      else [f"t{i}" for i in range(1, 30000)])
+
+    def make(self, rng, n: int, chat: bool) -> tuple[list[int], list[str]]:
+        """(ids, text pieces, one per token): chat content starts without a space (it follows the
+        template's newline); a completion continues its prompt, so every word has its space."""
+        words = [self.words[i] for i in rng.integers(0, len(self.words), size=n).tolist()]
+        pieces = [w if chat and i == 0 else " " + w for i, w in enumerate(words)]
+        ids = self.tokenizer.encode_plain("".join(pieces))
+        if len(ids) != n:  # a tokenizer that merges across words: the count still is what was asked
+            ids = (ids + [ids[-1] if ids else 1] * n)[:n]
+        return ids, pieces
+
+
 class SimServer:
     def __init__(self, config: Union[EngineConfig, SGLangConfig], cost: StepCostModel, time_scale: float = 1.0,
-                 model: str = "sim", seed: int = 0) -> None:
+                 model: str = "sim", seed: int = 0, tokenizer: Optional[LocalTokenizer] = None,
+                 chat_only: bool = False) -> None:
         self.config = config
         self.cost = cost
         self.time_scale = time_scale
@@ -197,6 +233,10 @@ class SimServer:
         self._ids = itertools.count(1)
         self._hit_rate_mark = (0, 0)  # (queries, hits) at the previous /metrics: sglang:cache_hit_rate
         self._retracted_mark = 0  # retractions at the previous /metrics: sglang:num_retracted_reqs
+        # text (chat messages, text prompts) to token ids: --tokenizer, else one token per word
+        self.tokenizer = tokenizer if tokenizer is not None else WordTokenizer()
+        self._text_output: Optional[TextOutput] = None
+        self.chat_only = chat_only  # stands in for an endpoint that serves only /v1/chat/completions
 
     def _engine(self) -> SimEngineClient:
         if self.client is None:  # needs the running loop
@@ -208,9 +248,11 @@ class SimServer:
 
         app = web.Application(client_max_size=64 * 2**20)
         app.add_routes([
-            web.get("/health", self.health), web.get("/v1/models", self.models),
-            web.post("/v1/completions", self.completions), web.get(LAG_PATH, self.lag),
+            web.get("/health", self.health), web.get("/v1/models", self.models), web.get(LAG_PATH, self.lag),
+            web.post("/v1/chat/completions", self.chat_completions), web.post("/tokenize", self.tokenize),
         ])
+        if not self.chat_only:
+            app.add_routes([web.post("/v1/completions", self.completions)])
         if self.flavor == "sglang":
             app.add_routes([
                 web.get("/metrics", self.sglang_metrics), web.post("/generate", self.generate),
@@ -366,18 +408,51 @@ class SimServer:
     async def completions(self, request):
         return await self._serve(request, native=False)
 
+    async def chat_completions(self, request):
+        """vLLM's ``/v1/chat/completions``: the messages through the chat template and the tokenizer,
+        then the same engine path as a completion; content streamed as ``delta.content``, with
+        ``token_ids`` when ``return_token_ids`` is asked (as vLLM does)."""
+        return await self._serve(request, native=False, chat=True)
+
+    async def tokenize(self, request):
+        """vLLM's ``POST /tokenize``: ``prompt`` (``add_special_tokens``) or ``messages``
+        (``add_generation_prompt``, the chat template applied) -> ``count``, ``tokens``."""
+        from aiohttp import web
+
+        try:
+            body = orjson.loads(await request.read())
+            if body.get("messages") is not None:
+                ids = self.tokenizer.encode_chat(_messages(body["messages"]), bool(body.get("add_generation_prompt", True)))
+            elif isinstance(body.get("prompt"), str):
+                ids = (self.tokenizer.encode_text(body["prompt"]) if body.get("add_special_tokens", True)
+                       else self.tokenizer.encode_plain(body["prompt"]))
+            else:
+                raise ValueError("give prompt (a string) or messages")
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            return _error(400, f"bad request: {exc}")
+        return web.json_response({"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids,
+                                  "token_strs": None}, dumps=_dumps)
+
+    def text_output(self) -> TextOutput:
+        if self._text_output is None:  # scanning a vocabulary takes a moment: only when text is asked for
+            self._text_output = TextOutput(self.tokenizer)
+        return self._text_output
+
     async def generate(self, request):
         """SGLang's native ``/generate``: ``input_ids`` or ``text``, ``sampling_params.max_new_tokens``;
         answers ``text``, ``output_ids`` and ``meta_info`` (``cached_tokens`` included), streamed as
         cumulative chunks like SGLang's default (non-incremental) streaming."""
         return await self._serve(request, native=True)
 
-    async def _serve(self, request, native: bool):
+    async def _serve(self, request, native: bool, chat: bool = False):
         from aiohttp import web
 
         try:
             body = orjson.loads(await request.read())
-            if native:
+            if chat:
+                prompt = _messages(body["messages"])
+                max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+            elif native:
                 prompt = body["input_ids"] if body.get("input_ids") is not None else body["text"]
                 max_tokens = int((body.get("sampling_params") or {}).get("max_new_tokens") or 128)
             else:
@@ -387,7 +462,14 @@ class SimServer:
             return _error(400, f"bad request: {exc}")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
             prompt = prompt[0]
-        token_ids = text_to_ids(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        # text: chat messages or a text prompt, whose output is text that re-tokenizes exactly
+        text = chat or isinstance(prompt, str)
+        if chat:
+            token_ids = self.tokenizer.encode_chat(prompt)
+        elif isinstance(prompt, str):
+            token_ids = self.tokenizer.encode_text(prompt)
+        else:
+            token_ids = [int(t) for t in prompt]
         client = self._engine()
         engine = client.engine
         reason = engine.validate(len(token_ids), max_tokens)
@@ -412,7 +494,11 @@ class SimServer:
         clock = client.clock
         engine.submit(sim_req, clock.now())
         client._rearm()
-        output_ids = self._rng.integers(1, 30000, size=max_tokens).tolist()
+        if text:
+            output_ids, pieces = self.text_output().make(self._rng, max_tokens, chat)
+        else:
+            output_ids = self._rng.integers(1, 30000, size=max_tokens).tolist()
+            pieces = [f"t{t}" for t in output_ids]
         recorded = False
 
         def record() -> None:
@@ -432,20 +518,25 @@ class SimServer:
             request_id = f"cmpl-{sim_req.request_id}"
             if native:
                 return await self._serve_native(request, body, request_id, sim_req, output_ids, first, finished)
+            if chat:
+                request_id = f"chatcmpl-{sim_req.request_id}"
             if not body.get("stream"):
                 await finished()
-                return web.json_response(self._final(request_id, sim_req, output_ids, body), dumps=_dumps)
+                final = (self._chat_final if chat else self._final)(request_id, sim_req, output_ids, body, pieces)
+                return web.json_response(final, dumps=_dumps)
+            chunk = self._chat_chunk if chat else self._chunk
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             await first
-            await resp.write(_sse(self._chunk(request_id, output_ids[:1], body)))
+            await resp.write(_sse(chunk(request_id, output_ids[:1], body, pieces[0])))
             await finished()
             # per-token timing inside a request is not simulated: the rest streams at completion
-            for tok in output_ids[1:]:
-                await resp.write(_sse(self._chunk(request_id, [tok], body)))
+            for tok, piece in zip(output_ids[1:], pieces[1:]):
+                await resp.write(_sse(chunk(request_id, [tok], body, piece)))
             options = body.get("stream_options") or {}
             if options.get("include_usage"):
-                await resp.write(_sse({"id": request_id, "object": "text_completion", "model": self.model,
+                kind = "chat.completion.chunk" if chat else "text_completion"
+                await resp.write(_sse({"id": request_id, "object": kind, "model": self.model,
                                        "choices": [], "usage": _usage(sim_req)}))
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
@@ -490,17 +581,31 @@ class SimServer:
         await resp.write_eof()
         return resp
 
-    def _chunk(self, request_id: str, ids: list[int], body: dict) -> dict:
-        choice = {"index": 0, "text": " ".join(f"t{t}" for t in ids), "finish_reason": None}
+    def _chunk(self, request_id: str, ids: list[int], body: dict, piece: str) -> dict:
+        choice = {"index": 0, "text": piece, "finish_reason": None}
         if body.get("return_token_ids"):
             choice["token_ids"] = ids
         return {"id": request_id, "object": "text_completion", "model": self.model, "choices": [choice]}
 
-    def _final(self, request_id: str, req: SimRequest, ids: list[int], body: dict) -> dict:
-        choice = {"index": 0, "text": " ".join(f"t{t}" for t in ids), "finish_reason": "length"}
+    def _final(self, request_id: str, req: SimRequest, ids: list[int], body: dict, pieces: list[str]) -> dict:
+        text = "".join(pieces) if isinstance(body.get("prompt"), str) else " ".join(pieces)
+        choice = {"index": 0, "text": text, "finish_reason": "length"}
         if body.get("return_token_ids"):
             choice["token_ids"] = ids
         return {"id": request_id, "object": "text_completion", "model": self.model, "choices": [choice],
+                "usage": _usage(req)}
+
+    def _chat_chunk(self, request_id: str, ids: list[int], body: dict, piece: str) -> dict:
+        choice = {"index": 0, "delta": {"role": "assistant", "content": piece}, "finish_reason": None}
+        if body.get("return_token_ids"):
+            choice["token_ids"] = ids
+        return {"id": request_id, "object": "chat.completion.chunk", "model": self.model, "choices": [choice]}
+
+    def _chat_final(self, request_id: str, req: SimRequest, ids: list[int], body: dict, pieces: list[str]) -> dict:
+        choice = {"index": 0, "message": {"role": "assistant", "content": "".join(pieces)}, "finish_reason": "length"}
+        if body.get("return_token_ids"):
+            choice["token_ids"] = ids
+        return {"id": request_id, "object": "chat.completion", "model": self.model, "choices": [choice],
                 "usage": _usage(req)}
 
 
@@ -516,6 +621,19 @@ def _usage(req: SimRequest) -> dict:
     if req.num_cached_tokens > 0:  # vLLM omits the details when nothing hit
         usage["prompt_tokens_details"] = {"cached_tokens": req.num_cached_tokens}
     return usage
+
+
+def _messages(value) -> list[dict]:
+    """A chat request's messages: a list of {role, content} with text content."""
+    if not isinstance(value, list) or not value:
+        raise ValueError("messages: expected a non-empty list")
+    out = []
+    for m in value:
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(content, (str, type(None))):
+            raise ValueError(f"messages: expected {{role, content}} with text content, got {str(m)[:80]}")
+        out.append({"role": m["role"], "content": content or ""})
+    return out
 
 
 def _dumps(obj) -> str:

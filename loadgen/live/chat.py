@@ -1,0 +1,202 @@
+"""Session contexts as text, built to exact token lengths: chat messages or a completions text.
+
+A chat session's context is what an agent framework keeps: a system message (the shared system
+prompt), the task as a user message, then per turn the assistant's returned content and a tool
+message with the tool's output, appended turn by turn, so the server's prefix cache sees a
+growing prefix. A text-completions session is the same as one growing text (system prompt, task,
+returned text, tool text) for servers that refuse token-id prompts.
+
+Lengths are exact: every turn's prompt (the chat template applied to the messages, then
+tokenized; or the text tokenized) has exactly the planned number of tokens, the number the same
+spec sends to the simulated engine. The text we write is made of words that are one token each
+(``single_token_words``, or the common words the server's /tokenize confirms), and each
+message we write is fitted by counting the whole prompt with the tokenizer, so the template's
+own tokens and the re-tokenized returned text are absorbed by the message we write next (the
+tool message; the task for the first prompt). The system message alone is fitted to the shared
+prefix's length, so every session of a run starts with the same prefix of exactly that length.
+
+Re-tokenization drift: the server generated token ids G after the previous prompt P; the next
+prompt re-tokenizes the returned text. ``drift_tokens`` is the number of tokens of P + G that the
+next prompt does not start with (0: the server's cache holds the next prompt's whole prefix; -1:
+unknown, the server returned no ids). docs/chat.md says more.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from trace_shapes import SessionShape
+
+from ..core.workload import Stream, rng_for
+from .tokenizer import TokenizerError
+
+MIN_FILLER_WORDS = 16
+# random word indices drawn per written message beyond its planned length: room for the fit to
+# write more words than planned when the template or the returned text takes fewer tokens
+SPARE_WORDS = 64
+
+
+class PromptBuilder:
+    """One per client: the tokenizer (local or the server's), the API, the words text is made of,
+    and the shared system prompts (fitted once per run, identical in every session)."""
+
+    def __init__(self, counter: Any, api: str) -> None:
+        if api not in ("chat", "completions"):
+            raise ValueError(f"api must be chat or completions, got {api!r}")
+        self.counter = counter
+        self.api = api
+        self.words: list[str] = []
+        self._system: dict[tuple, tuple[Any, list[int]]] = {}
+
+    async def prepare(self) -> None:
+        self.words = list(await self.counter.filler_words())
+        if len(self.words) < MIN_FILLER_WORDS:
+            raise TokenizerError(f"the tokenizer has {len(self.words)} words that are one token each (at least "
+                                 f"{MIN_FILLER_WORDS} are needed to write prompts of exact lengths)")
+
+    def text(self, indices: Sequence[int], n: int) -> str:
+        words = self.words
+        return " ".join(words[i % len(words)] for i in indices[:n])
+
+    async def count(self, content: Any, add_generation_prompt: bool = True) -> list[int]:
+        if self.api == "chat":
+            return await self.counter.chat_ids(content, add_generation_prompt)
+        return await self.counter.text_ids(content)
+
+    async def fit(self, make, target: int, guess: int, n_max: int, add_generation_prompt: bool = True
+                  ) -> tuple[int, list[int]]:
+        """The number of words n (0..n_max) for which ``make(n)`` counts ``target`` tokens, with its
+        ids; when no n does (a template longer than the target), the closest, shorter first."""
+        n = min(max(guess, 0), n_max)
+        tried: dict[int, list[int]] = {}
+        for _ in range(8):
+            ids = await self.count(make(n), add_generation_prompt)
+            tried[n] = ids
+            diff = target - len(ids)
+            if diff == 0:
+                return n, ids
+            nxt = min(max(n + diff, 0), n_max)
+            if nxt in tried:
+                break
+            n = nxt
+        n = min(tried, key=lambda k: (abs(len(tried[k]) - target), len(tried[k])))
+        return n, tried[n]
+
+    async def system(self, shape: SessionShape, run_key: tuple[int, str]) -> tuple[Any, list[int]]:
+        """The run's shared system prompt (a message, or the text) fitted to its token length."""
+        seed, arm = run_key
+        key = (seed, arm, shape.prefix_key, shape.shared_prefix_tokens)
+        if key not in self._system:
+            target = shape.shared_prefix_tokens
+            rng = rng_for(Stream.SHARED_PREFIX_TOKENS, seed, arm, shape.prefix_key, target)
+            indices = rng.integers(0, 1 << 30, size=target + SPARE_WORDS).tolist()
+            if self.api == "chat":
+                def make(n):
+                    return [{"role": "system", "content": self.text(indices, n)}]
+            else:
+                def make(n):
+                    return self.text(indices, n)
+            n, ids = await self.fit(make, target, target - 5, len(indices), add_generation_prompt=False)
+            self._system[key] = (make(n), ids)
+        return self._system[key]
+
+    def session(self, shape: SessionShape, run_key: tuple[int, str], session_id: int) -> "TextContext":
+        return TextContext(self, shape, run_key, session_id)
+
+
+class TextContext:
+    """One session's context as chat messages or text; the session-side surface of
+    ``loadgen.core.session.TokenContext`` (``start``, ``extend``, ``content``, ``drift_tokens``)."""
+
+    ids = None  # no token-id prompt: ``content`` is sent
+
+    def __init__(self, builder: PromptBuilder, shape: SessionShape, run_key: tuple[int, str], session_id: int) -> None:
+        self.builder = builder
+        self.shape = shape
+        self.run_key = run_key
+        seed, arm = run_key
+        self._rng = rng_for(Stream.SESSION_TOKENS, seed, arm, session_id)
+        self.chat = builder.api == "chat"
+        self.messages: list[dict] = []
+        self.text = ""
+        self.prompt_ids: list[int] = []  # the current prompt's token ids as counted
+        self.planned_tokens = shape.initial_tokens
+        self.drift_tokens = 0  # of the previous turn's prompt + output, what this prompt does not start with
+        self._overhead = 0  # template tokens around an appended turn, learned (the first guess of a fit)
+
+    @property
+    def content(self) -> Any:
+        return list(self.messages) if self.chat else self.text
+
+    def _indices(self, n: int) -> list[int]:
+        return self._rng.integers(0, 1 << 30, size=n + SPARE_WORDS).tolist()
+
+    async def start(self) -> None:
+        b = self.builder
+        shape = self.shape
+        head: Any = [] if self.chat else ""
+        if shape.shared_prefix_tokens:
+            head, _ = await b.system(shape, self.run_key)
+        indices = self._indices(shape.initial_tokens - shape.shared_prefix_tokens)
+        if self.chat:
+            def make(n):
+                return [*head, {"role": "user", "content": b.text(indices, n)}]
+        else:
+            def make(n):
+                return (head + " " if head else "") + b.text(indices, n)
+        task = shape.initial_tokens - shape.shared_prefix_tokens
+        n, self.prompt_ids = await b.fit(make, shape.initial_tokens, task - 8, len(indices))
+        if self.chat:
+            self.messages = make(n)
+        else:
+            self.text = make(n)
+
+    async def extend(self, result: Any, num_output: int, num_tool: int) -> None:
+        """After a turn: append the returned content and a tool output sized so the next prompt has
+        the planned length (the previous plan + output + tool tokens); measure the drift."""
+        b = self.builder
+        returned = result.output_text
+        if returned is None:  # a server that streamed no text: stand-in words of the output's length
+            returned = (" " if not self.chat else "") + b.text(self._indices(num_output), num_output)
+        self.planned_tokens += num_output + num_tool
+        indices = self._indices(num_tool + num_output)
+        if self.chat:
+            base = [*self.messages, {"role": "assistant", "content": returned}]
+
+            def make(n):
+                return [*base, {"role": "tool", "content": b.text(indices, n)}]
+        else:
+            base_text = self.text + returned
+
+            def make(n):
+                return base_text + " " + b.text(indices, n)
+        before = self.prompt_ids
+        n, ids = await b.fit(make, self.planned_tokens, num_tool - self._overhead, len(indices))
+        self._overhead = len(ids) - len(before) - num_output - n
+        generated = result.output_token_ids
+        if generated is None:
+            self.drift_tokens = -1
+        else:
+            old = list(before) + list(generated)
+            self.drift_tokens = len(old) - _common_prefix(old, ids)
+        self.prompt_ids = ids
+        if self.chat:
+            self.messages = make(n)
+        else:
+            self.text = make(n)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+async def probe_content(builder: PromptBuilder, num_tokens: int) -> tuple[Any, int]:
+    """A prompt of about ``num_tokens`` tokens for the preflight's repeated probe, and its count."""
+    indices = list(range(num_tokens))
+    text = builder.text(indices, num_tokens)
+    content = [{"role": "user", "content": text}] if builder.api == "chat" else text
+    return content, len(await builder.count(content))

@@ -1,0 +1,237 @@
+"""Counting a text prompt's tokens as the server will: a local Hugging Face tokenizer or the
+server's own ``/tokenize``.
+
+A chat request's prompt is the model's chat template applied to the message list, then
+tokenized; a text completion's prompt is the text tokenized with the tokenizer's special tokens
+(vLLM adds a BOS where the model wants one). Both counters here do exactly that:
+
+* ``LocalTokenizer``: the ``tokenizers`` library (the optional extra ``chat``) on a
+  ``tokenizer.json`` file or a model directory holding one. The chat template is the model's,
+  from ``tokenizer_config.json`` (``chat_template``), rendered with ``jinja2`` as transformers
+  renders it; without a template there, or without jinja2 installed, it is ``SIMPLE_CHAT_TEMPLATE``
+  (ChatML), which is also what serve-sim applies (docs/chat.md#chat-template).
+* ``ServerTokenizer``: vLLM's ``POST /tokenize``, which takes ``messages`` (template applied by
+  the server) or a ``prompt``, and answers the token ids.
+
+Both answer token ids, not only counts: the ids are what re-tokenization drift is measured on
+(loadgen/live/chat.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Optional, Sequence
+
+# ChatML: what serve-sim applies, and the fallback when a model directory has no template (or
+# jinja2 is missing). Written here in Jinja for the docs; ``render_simple`` is the same in Python.
+SIMPLE_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>")
+
+
+class TokenizerError(ValueError):
+    """A tokenizer that cannot be loaded or used; the message names the file and what to do."""
+
+
+def render_simple(messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+    """``SIMPLE_CHAT_TEMPLATE`` rendered without jinja2."""
+    parts = [f"<|im_start|>{m['role']}\n{m.get('content') or ''}<|im_end|>\n" for m in messages]
+    if add_generation_prompt:
+        parts.append("<|im_start|>assistant\n")
+    return "".join(parts)
+
+
+def _import_tokenizers():
+    try:
+        import tokenizers
+    except ImportError:
+        raise TokenizerError("a local tokenizer needs the `tokenizers` library: pip install 'agent-loadgen[chat]'") \
+            from None
+    return tokenizers
+
+
+class LocalTokenizer:
+    """A Hugging Face tokenizer on this machine, with the model's chat template for counting."""
+
+    def __init__(self, path: str | Path) -> None:
+        tokenizers = _import_tokenizers()
+        path = Path(path).expanduser()
+        directory = path if path.is_dir() else path.parent
+        file = path / "tokenizer.json" if path.is_dir() else path
+        if not file.is_file():
+            raise TokenizerError(f"{path}: no tokenizer.json there (expected a tokenizer.json file or a model "
+                                 "directory holding one)")
+        try:
+            self._tok = tokenizers.Tokenizer.from_file(str(file))
+        except Exception as exc:  # the library raises its own Exception type for a malformed file
+            raise TokenizerError(f"{file}: not a Hugging Face tokenizer.json ({exc})") from None
+        self.path = file
+        config = _read_config(directory / "tokenizer_config.json")
+        self.bos_token = _token_text(config.get("bos_token"))
+        self.eos_token = _token_text(config.get("eos_token"))
+        self.template_source = "simple"  # docs/chat.md#chat-template
+        self._template = None
+        template = _pick_template(config.get("chat_template"))
+        if template is None and (directory / "chat_template.jinja").is_file():
+            template = (directory / "chat_template.jinja").read_text()
+        if template is not None:
+            try:
+                self._template = _compile(template)
+                self.template_source = "tokenizer_config"
+            except ImportError:
+                self.template_source = "simple (jinja2 not installed: pip install 'agent-loadgen[chat]')"
+            except Exception as exc:
+                raise TokenizerError(f"{directory / 'tokenizer_config.json'}: chat_template does not compile "
+                                     f"({exc})") from None
+
+    # ------------------------------------------------------------ rendering and encoding
+    def render(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        if self._template is None:
+            return render_simple(messages, add_generation_prompt)
+        return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                     bos_token=self.bos_token, eos_token=self.eos_token, tools=None)
+
+    def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
+        # as vLLM does: the rendered template already holds whatever BOS the model wants
+        return self._tok.encode(self.render(messages, add_generation_prompt), add_special_tokens=False).ids
+
+    def encode_text(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=True).ids
+
+    def encode_plain(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def vocab(self) -> dict[str, int]:
+        return self._tok.get_vocab(with_added_tokens=False)
+
+    # ------------------------------------------------------------ the counter interface
+    async def chat_ids(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
+        return self.encode_chat(messages, add_generation_prompt)
+
+    async def text_ids(self, text: str) -> list[int]:
+        return self.encode_text(text)
+
+    async def filler_words(self) -> list[str]:
+        return single_token_words(self)
+
+    def describe(self) -> dict:
+        return {"tokenizer": str(self.path), "chat_template": self.template_source}
+
+
+def _read_config(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise TokenizerError(f"{path}: not valid JSON ({exc})") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _token_text(value: Any) -> str:
+    if isinstance(value, dict):  # {"content": "<s>", ...} in older configs
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
+
+
+def _pick_template(value: Any) -> Optional[str]:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        return named.get("default") or next(iter(named.values()), None)
+    return None
+
+
+def _compile(template: str):
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    # transformers renders chat templates in an immutable sandbox with these settings and helpers
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, indent=indent, ensure_ascii=False)
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template)
+
+
+def single_token_words(tok: LocalTokenizer, limit: int = 4096) -> list[str]:
+    """Words of the vocabulary that are one token each wherever they stand in a space-separated
+    text (first, or after a space): prompt text built from them has exactly as many tokens as
+    words, so it is sized exactly and its prefix never changes as it grows."""
+    candidates = []
+    for token, _id in sorted(tok.vocab().items(), key=lambda kv: kv[1]):
+        word = tok.decode([_id]).strip()
+        if 2 <= len(word) <= 12 and word.isascii() and word.isalpha() and word not in candidates:
+            candidates.append(word)
+        if len(candidates) >= 4 * limit:
+            break
+    words = [w for w in candidates if len(tok.encode_plain(w)) == 1 and len(tok.encode_plain(f"{w} {w}")) == 2]
+    return words[:limit]
+
+
+# Common English words: one token each (after a space) in every LLM vocabulary we know of.
+# The server path keeps those its /tokenize confirms.
+COMMON_WORDS = (
+    "the of and to in is that for it as was with be by on not he this are or his from at which but have an "
+    "had they you were their one all we can her has there been if more when will would who so no out up "
+    "into do than only other new some could time these two may then first any my now such like our over "
+    "man me even most made after also did many before must through back years where much your way well "
+    "down should because each just those people how too little state good very make world still own see "
+    "men work long get here between both life being under never day same another know while last might us "
+    "great old year off come since against go came right used take three states himself few house use "
+    "during without again place around however home small found thought went say part once general high "
+    "upon school every don does got united left number course war until always away something fact though "
+    "water less public put think almost hand enough far took head yet government system better set told "
+    "nothing night end why called didn eyes find going look asked later knew point next program city give "
+    "group toward young days let room president side social present given several order national second "
+    "possible rather per face among form important often things looked early white case john become large "
+    "big need four within felt along children saw best church ever least power development light thing "
+    "seemed family interest want members mind country area others done turned although open problem sense").split()
+
+
+class ServerTokenizer:
+    """The server's ``POST /tokenize`` (vLLM): ``messages`` with the chat template applied by the
+    server, or a ``prompt``. ``post(path, payload)`` is the client's JSON call."""
+
+    def __init__(self, post: Callable[[str, dict], Awaitable[Any]], model: Optional[str]) -> None:
+        self._post = post
+        self.model = model
+
+    async def chat_ids(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
+        data = await self._post("/tokenize", {"model": self.model, "messages": list(messages),
+                                              "add_generation_prompt": add_generation_prompt})
+        return _tokens(data)
+
+    async def text_ids(self, text: str) -> list[int]:
+        data = await self._post("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": True})
+        return _tokens(data)
+
+    async def filler_words(self) -> list[str]:
+        base = len(await self.text_ids(""))
+        joined = " ".join(COMMON_WORDS)
+        if len(await self.text_ids(joined)) - base == len(COMMON_WORDS):
+            return list(COMMON_WORDS)
+        words = []
+        for w in COMMON_WORDS:  # one at a time: keep those that are one token first and after a space
+            if len(await self.text_ids(f"{w} {w} {w}")) - base == 3:
+                words.append(w)
+        return words
+
+    def describe(self) -> dict:
+        return {"tokenizer": "server /tokenize", "chat_template": "server"}
+
+
+def _tokens(data: Any) -> list[int]:
+    if not isinstance(data, dict) or not isinstance(data.get("tokens"), list):
+        raise TokenizerError(f"/tokenize answered {str(data)[:200]!r}: expected {{'tokens': [...]}}")
+    return [int(t) for t in data["tokens"]]
