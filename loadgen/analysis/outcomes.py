@@ -8,10 +8,12 @@ from typing import Mapping, Optional
 import numpy as np
 import pyarrow as pa
 
+from .ideal import hit_ratio_outcome
 from .latency import latency_outcome
 from .recovery import control_outcome
 from .sessions import task_outcome
 from .slo import slo_outcome
+from .tokenization import tokenization_outcome
 from .runs import RunData, float_column, json_float, success_mask
 from .windows import (LAST_HIT_WINDOW_S, LAST_SESSIONS_WINDOW_S, degraded_only_in_final_window,
                       degraded_windows, ends_degraded, hit_ratio_between, num_turns_between,
@@ -94,4 +96,9 @@ def run_outcome(run: RunData) -> dict:
         # added with lag measurement (docs/results-format.md#lag): a live run whose driver or
         # serve-sim fell behind its time scale; false for simulated runs and older run.json files
         "lagging": bool(info.get("lagging", False)),
+        # added with the ideal hit ratio (docs/results-format.md#ideal-hit-ratio): measured vs an
+        # infinite cache on the same prompts, whole run and last 10 minutes
+        **hit_ratio_outcome(run),
+        # added with chat prompts (docs/chat.md#drift): prompt lengths off plan, re-tokenization drift
+        **tokenization_outcome(run.turns),
     }

@@ -43,7 +43,7 @@ from ..core.clock import WallClock
 from ..core.engines import SimEngineClient
 from ..core.workload import Stream, rng_for
 from .http_client import LAG_PATH
-from .tokenizer import LocalTokenizer, render_simple, single_token_words
+from .tokenizer import SPECIAL_TOKENS, LocalTokenizer, render_simple, single_token_words
 from ..sim import EngineConfig, SimRequest, StepCostModel
 from ..sim.sglang_engine import SGLangConfig
 
@@ -192,7 +192,10 @@ class WordTokenizer:
     encode_plain = encode_text
 
     def encode_chat(self, messages, add_generation_prompt: bool = True) -> list[int]:
-        return text_to_ids(render_simple(messages, add_generation_prompt))
+        text = render_simple(messages, add_generation_prompt)
+        for special in SPECIAL_TOKENS:  # a token of their own, as a real tokenizer keeps them
+            text = text.replace(special, f" {special} ")
+        return text_to_ids(text)
 
 
 class TextOutput:
