@@ -35,6 +35,7 @@ DOC_TURNS_SCHEMA = pa.schema(
         ("error", pa.string()),
         ("itl_mean_s", pa.float64()),
         ("itl_max_s", pa.float64()),
+        ("cacheable_prefix_tokens", pa.int64()),
     ]
 )
 
@@ -148,6 +149,7 @@ def _full_turn(row: Mapping[str, Any], index: int, run_id: str, arm: str, seed: 
         "gateway_wait_s": 0.0,
         "num_preemptions": 0,
         "error": None,
+        "cacheable_prefix_tokens": None,
     }
     full.update(row)
     return full

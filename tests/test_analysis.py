@@ -111,6 +111,12 @@ def test_last_10min_figures(tmp_path: Path) -> None:
         "slo_met_at_percentile",
         # the simulated engine's flavour; a live run that fell behind its time scale (added later)
         "engine_flavor", "offload_cpu_tokens", "lagging",
+        # measured vs ideal hit ratio (added later; the fields above are unchanged)
+        "measured_hit_ratio", "ideal_hit_ratio", "engine_miss_share", "ideal_hit_ratio_last10min",
+        "ideal_block_size", "ideal_block_size_assumed",
+        # prompt lengths against the plan, re-tokenization drift (added with chat prompts)
+        "prompt_tokens_off_plan_turns", "prompt_tokens_off_plan_max", "retokenization_drift_turns",
+        "retokenization_drift_tokens_total", "retokenization_drift_unknown_turns",
     }
     assert outcome["hit_ratio_last10min"] == pytest.approx((2700 + 100) / (3000 + 1000))
     # windows after te = 1200: six at 0.2, [3000, 3300) at 0.9, [3300, 3600) at 0.1
