@@ -58,29 +58,31 @@ class PromptBuilder:
         words = self.words
         return " ".join(words[i % len(words)] for i in indices[:n])
 
-    async def count(self, content: Any, add_generation_prompt: bool = True) -> list[int]:
+    async def count(self, content: Any, add_generation_prompt: bool = True, hint: Optional[tuple] = None
+                    ) -> tuple[list[int], Optional[tuple]]:
+        """The content's token ids, and a hint that makes counting its continuation cheap."""
         if self.api == "chat":
-            return await self.counter.chat_ids(content, add_generation_prompt)
-        return await self.counter.text_ids(content)
+            return await self.counter.chat_ids_from(content, add_generation_prompt, hint)
+        return await self.counter.text_ids(content), None
 
-    async def fit(self, make, target: int, guess: int, n_max: int, add_generation_prompt: bool = True
-                  ) -> tuple[int, list[int]]:
+    async def fit(self, make, target: int, guess: int, n_max: int, add_generation_prompt: bool = True,
+                  hint: Optional[tuple] = None) -> tuple[int, list[int], Optional[tuple]]:
         """The number of words n (0..n_max) for which ``make(n)`` counts ``target`` tokens, with its
-        ids; when no n does (a template longer than the target), the closest, shorter first."""
+        ids and hint; when no n does (a template longer than the target), the closest, shorter first."""
         n = min(max(guess, 0), n_max)
-        tried: dict[int, list[int]] = {}
+        tried: dict[int, tuple[list[int], Optional[tuple]]] = {}
         for _ in range(8):
-            ids = await self.count(make(n), add_generation_prompt)
-            tried[n] = ids
+            ids, new_hint = await self.count(make(n), add_generation_prompt, hint)
+            tried[n] = (ids, new_hint)
             diff = target - len(ids)
             if diff == 0:
-                return n, ids
+                return n, ids, new_hint
             nxt = min(max(n + diff, 0), n_max)
             if nxt in tried:
                 break
             n = nxt
-        n = min(tried, key=lambda k: (abs(len(tried[k]) - target), len(tried[k])))
-        return n, tried[n]
+        n = min(tried, key=lambda k: (abs(len(tried[k][0]) - target), len(tried[k][0])))
+        return (n, *tried[n])
 
     async def system(self, shape: SessionShape, run_key: tuple[int, str]) -> tuple[Any, list[int]]:
         """The run's shared system prompt (a message, or the text) fitted to its token length."""
@@ -96,7 +98,7 @@ class PromptBuilder:
             else:
                 def make(n):
                     return self.text(indices, n)
-            n, ids = await self.fit(make, target, target - 5, len(indices), add_generation_prompt=False)
+            n, ids, _ = await self.fit(make, target, target - 5, len(indices), add_generation_prompt=False)
             self._system[key] = (make(n), ids)
         return self._system[key]
 
@@ -123,6 +125,7 @@ class TextContext:
         self.planned_tokens = shape.initial_tokens
         self.drift_tokens = 0  # of the previous turn's prompt + output, what this prompt does not start with
         self._overhead = 0  # template tokens around an appended turn, learned (the first guess of a fit)
+        self._hint: Optional[tuple] = None  # the current prompt's encoding, to count the next one from
 
     @property
     def content(self) -> Any:
@@ -145,7 +148,7 @@ class TextContext:
             def make(n):
                 return (head + " " if head else "") + b.text(indices, n)
         task = shape.initial_tokens - shape.shared_prefix_tokens
-        n, self.prompt_ids = await b.fit(make, shape.initial_tokens, task - 8, len(indices))
+        n, self.prompt_ids, self._hint = await b.fit(make, shape.initial_tokens, task - 8, len(indices))
         if self.chat:
             self.messages = make(n)
         else:
@@ -171,7 +174,8 @@ class TextContext:
             def make(n):
                 return base_text + " " + b.text(indices, n)
         before = self.prompt_ids
-        n, ids = await b.fit(make, self.planned_tokens, num_tool - self._overhead, len(indices))
+        n, ids, self._hint = await b.fit(make, self.planned_tokens, num_tool - self._overhead, len(indices),
+                                         hint=self._hint)
         self._overhead = len(ids) - len(before) - num_output - n
         generated = result.output_token_ids
         if generated is None:
@@ -199,4 +203,4 @@ async def probe_content(builder: PromptBuilder, num_tokens: int) -> tuple[Any, i
     indices = list(range(num_tokens))
     text = builder.text(indices, num_tokens)
     content = [{"role": "user", "content": text}] if builder.api == "chat" else text
-    return content, len(await builder.count(content))
+    return content, len((await builder.count(content))[0])

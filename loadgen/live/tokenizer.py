@@ -19,6 +19,7 @@ Both answer token ids, not only counts: the ids are what re-tokenization drift i
 
 from __future__ import annotations
 
+import bisect
 import json
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional, Sequence
@@ -97,6 +98,43 @@ class LocalTokenizer:
         # as vLLM does: the rendered template already holds whatever BOS the model wants
         return self._tok.encode(self.render(messages, add_generation_prompt), add_special_tokens=False).ids
 
+    def encode_chat_from(self, messages: Sequence[dict], add_generation_prompt: bool, hint: Optional[tuple]
+                         ) -> tuple[list[int], tuple]:
+        """``encode_chat`` reusing the encoding of an earlier prompt of the same conversation
+        (``hint``, as returned): only the text after the last special token the two renderings
+        share is encoded again. Exact, because a tokenizer splits its special tokens out before
+        anything else, so no token spans one; a context of 40K tokens then costs its new turn's
+        text, not 40K tokens, per count. Returns (ids, the hint for the next call)."""
+        text = self.render(messages, add_generation_prompt)
+        if hint is not None:
+            old_text, old_ids, old_starts = hint
+            cut = self._shared_cut(text, old_text)
+            if cut > 0:
+                j = bisect.bisect_left(old_starts, cut)
+                enc = self._tok.encode(text[cut:], add_special_tokens=False)
+                ids = old_ids[:j] + enc.ids
+                return ids, (text, ids, old_starts[:j] + [cut + start for start, _ in enc.offsets])
+        enc = self._tok.encode(text, add_special_tokens=False)
+        return enc.ids, (text, enc.ids, [start for start, _ in enc.offsets])
+
+    def _shared_cut(self, text: str, old: str) -> int:
+        """The last position where a special token starts in ``old`` up to which ``text`` is the same."""
+        end = len(old)
+        while end > 0:
+            cut = max(old.rfind(special, 0, end) for special in self._specials)
+            if cut <= 0:
+                return 0
+            if text.startswith(old[:cut]):
+                return cut
+            end = cut
+        return 0
+
+    @property
+    def _specials(self) -> list[str]:
+        if not hasattr(self, "_special_texts"):
+            self._special_texts = [t.content for t in self._tok.get_added_tokens_decoder().values() if t.special]
+        return self._special_texts
+
     def encode_text(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=True).ids
 
@@ -112,6 +150,10 @@ class LocalTokenizer:
     # ------------------------------------------------------------ the counter interface
     async def chat_ids(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
         return self.encode_chat(messages, add_generation_prompt)
+
+    async def chat_ids_from(self, messages: Sequence[dict], add_generation_prompt: bool, hint: Optional[tuple]
+                            ) -> tuple[list[int], Optional[tuple]]:
+        return self.encode_chat_from(messages, add_generation_prompt, hint)
 
     async def text_ids(self, text: str) -> list[int]:
         return self.encode_text(text)
@@ -164,7 +206,7 @@ def _compile(template: str):
     return env.from_string(template)
 
 
-def single_token_words(tok: LocalTokenizer, limit: int = 4096) -> list[str]:
+def single_token_words(tok: LocalTokenizer, limit: int = 1024) -> list[str]:
     """Words of the vocabulary that are one token each wherever they stand in a space-separated
     text (first, or after a space): prompt text built from them has exactly as many tokens as
     words, so it is sized exactly and its prefix never changes as it grows."""
@@ -211,6 +253,10 @@ class ServerTokenizer:
         data = await self._post("/tokenize", {"model": self.model, "messages": list(messages),
                                               "add_generation_prompt": add_generation_prompt})
         return _tokens(data)
+
+    async def chat_ids_from(self, messages: Sequence[dict], add_generation_prompt: bool, hint: Optional[tuple]
+                            ) -> tuple[list[int], Optional[tuple]]:
+        return await self.chat_ids(messages, add_generation_prompt), None  # the server counts it all
 
     async def text_ids(self, text: str) -> list[int]:
         data = await self._post("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": True})

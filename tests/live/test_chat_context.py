@@ -57,6 +57,8 @@ def test_every_prompt_has_exactly_the_planned_tokens_and_the_context_only_grows(
         run(ctx.extend(result(text, ids), s.output_tokens[k], tool))
         planned += s.output_tokens[k] + tool
         assert count(ctx.content) == planned == len(ctx.prompt_ids)
+        if api == "chat":  # counted from the previous prompt's encoding: the same ids as encoding it all
+            assert ctx.prompt_ids == tok.encode_chat(ctx.content)
         # append-only: the new prompt starts with the old one and the generated ids (no drift here)
         assert ctx.prompt_ids[:len(previous) + len(ids)] == previous + ids and ctx.drift_tokens == 0
         previous = ctx.prompt_ids
