@@ -57,7 +57,17 @@ SESSION_SCHEMA = pa.schema([
     ("status", pa.string()), ("error", pa.string()),
 ])
 
+# one row per replica per sample, for live runs whose engine lists metrics_urls (loadgen/live/replicas.py)
+REPLICA_SAMPLE_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("t_s", pa.float64()), ("replica_index", pa.int32()), ("replica_url", pa.string()),
+    ("scraped", pa.bool_()), ("num_running", pa.int64()), ("num_waiting", pa.int64()), ("kv_usage", pa.float64()),
+    ("pool_tokens", pa.int64()), ("prefix_cache_queries_total", pa.int64()), ("prefix_cache_hits_total", pa.int64()),
+    ("num_preemptions_total", pa.int64()),
+])
+
 TABLES = {"turns": TURN_SCHEMA, "samples": SAMPLE_SCHEMA, "sessions": SESSION_SCHEMA}
+# written only by the runs that have rows for them (no empty file in every other run)
+OPTIONAL_TABLES = {"replica_samples": REPLICA_SAMPLE_SCHEMA}
 PARTS_DIR = ".parts"
 
 
@@ -103,14 +113,15 @@ class RunRecorder:
         self._next_flush_s = flush_interval_s
         self._in_memory: Optional[dict[str, list[pa.Table]]] = None
         if self.run_dir is None:
-            self._in_memory = {name: [] for name in TABLES}
+            self._in_memory = {name: [] for name in (*TABLES, *OPTIONAL_TABLES)}
         else:
             self._parts = self.run_dir / PARTS_DIR
             self._parts.mkdir(parents=True, exist_ok=True)
-        self._num_parts = {name: 0 for name in TABLES}
+        self._num_parts = {name: 0 for name in (*TABLES, *OPTIONAL_TABLES)}
         self._turns = _Columns(TURN_SCHEMA)
         self._samples = _Columns(SAMPLE_SCHEMA)
         self._sessions = _Columns(SESSION_SCHEMA)
+        self._replica_samples = _Columns(REPLICA_SAMPLE_SCHEMA)
         self._open_sessions: dict[int, _OpenSession] = {}
         self.turns_completed = 0
 
@@ -173,13 +184,20 @@ class RunRecorder:
         for name, col in zip(self._samples.names, self._samples.cols):
             col.append(row[name])
 
+    def replica_sample(self, row: dict) -> None:
+        """One replica's metrics at a sample (replica_samples.parquet)."""
+        row = {"run_id": self.run_id, **row}
+        for name, col in zip(self._replica_samples.names, self._replica_samples.cols):
+            col.append(row[name])
+
     def maybe_flush(self, now_s: float) -> None:
         if now_s >= self._next_flush_s:
             self.flush()
             self._next_flush_s = now_s + self.flush_interval_s
 
     def flush(self) -> None:
-        for name, columns in (("turns", self._turns), ("samples", self._samples), ("sessions", self._sessions)):
+        for name, columns in (("turns", self._turns), ("samples", self._samples), ("sessions", self._sessions),
+                              ("replica_samples", self._replica_samples)):
             if len(columns) and self._in_memory is not None:
                 self._in_memory[name].append(columns.take())
             elif len(columns):
@@ -203,7 +221,7 @@ class RunRecorder:
         if self._in_memory is None:
             raise ValueError("tables(): this recorder writes to its run directory")
         return {name: pa.concat_tables(parts) if parts else TABLES[name].empty_table()
-                for name, parts in self._in_memory.items()}
+                for name, parts in self._in_memory.items() if name in TABLES or parts}
 
 
 @dataclass
@@ -223,10 +241,12 @@ def merge_parts(run_dir: Path) -> bool:
     parts_dir = run_dir / PARTS_DIR
     if not parts_dir.is_dir():
         return False
-    for name, schema in TABLES.items():
+    for name, schema in {**TABLES, **OPTIONAL_TABLES}.items():
         parts = sorted(parts_dir.glob(f"{name}-*.parquet"))
         tables = []
         final = run_dir / f"{name}.parquet"
+        if name in OPTIONAL_TABLES and not parts:
+            continue
         if final.exists() and parts:
             tables.append(pq.read_table(final))
         tables += [pq.read_table(p) for p in parts]

@@ -206,11 +206,45 @@ class OpenAIEngineSpec(_Model):
         "A tokenizer.json or a model directory holding one (and its chat template): counts the text prompts of "
         "api chat and of the completions text fallback; default: the server's /tokenize. A relative path is "
         "relative to the spec's directory."))
+    session_header: Optional[str] = Field(None, description=(
+        "An HTTP header carrying each session's id (RUN_ID/SESSION_ID, the same on every turn), e.g. "
+        "X-Session-ID, so a router (llm-d, SGLang router, Dynamo) keeps a session on one replica."))
+    metrics_urls: Optional[list[str]] = Field(None, description=(
+        "The base URLs of the replicas behind url (a router): /metrics is scraped from each and summed into "
+        "samples.parquet (each replica's in replica_samples.parquet), their pools summed into C, and "
+        "prefix-cache resets sent to each."))
 
     @field_validator("url", mode="before")
     @classmethod
     def _base_url(cls, value: Any) -> Any:
         return normalize_endpoint_url(value) if isinstance(value, str) else value
+
+    @field_validator("session_header")
+    @classmethod
+    def _header_name(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not _HTTP_TOKEN.fullmatch(value):
+            raise ValueError(f"{value!r} is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~, "
+                             "e.g. X-Session-ID)")
+        return value
+
+    @field_validator("metrics_urls", mode="before")
+    @classmethod
+    def _replica_urls(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        if not value:
+            raise ValueError("an empty list: give the replicas' base URLs, or leave metrics_urls out")
+        urls = []
+        for i, url in enumerate(value):
+            if not isinstance(url, str):
+                raise ValueError(f"[{i}]: expected a URL string, got {url!r}")
+            try:  # a replica's /metrics URL is accepted for its base URL, as a /v1 suffix is
+                urls.append(normalize_endpoint_url(url.strip().rstrip("/").removesuffix("/metrics")))
+            except ValueError as exc:
+                raise ValueError(f"[{i}]: {exc}") from None
+        if len(set(urls)) < len(urls):
+            raise ValueError(f"a replica is listed twice: {urls}")
+        return urls
 
     @field_validator("tokenizer")
     @classmethod
@@ -225,6 +259,10 @@ class OpenAIEngineSpec(_Model):
             raise ValueError(f"no tokenizer.json at {path} (expected a tokenizer.json file or a model directory "
                              "holding one)")
         return str(path.resolve())
+
+
+# an HTTP header name (RFC 9110 token)
+_HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 def normalize_endpoint_url(url: str) -> str:

@@ -255,6 +255,9 @@ class EndpointOptions:
     server: str = "auto"  # vllm | sglang | auto: which flush and metric names to use
     api: str = "completions"  # completions | chat (docs/chat.md)
     tokenizer: Optional[str] = None  # counts text prompts; None: the server's /tokenize
+    # routers: a header naming the session (SESSION_LABEL/SESSION_ID) so every turn goes to one replica
+    session_header: Optional[str] = None
+    session_label: str = "loadgen"  # the run's id in a run
 
 
 class OpenAIEngineClient:
@@ -330,6 +333,8 @@ class OpenAIEngineClient:
         if request.shared_prefix_tokens:
             # a hint only our own serve-sim reads; real servers ignore unknown headers
             headers = {**headers, "X-Loadgen-Prefix-Tokens": str(request.shared_prefix_tokens)}
+        if self.options.session_header:
+            headers = {**headers, self.options.session_header: self.session_value(request.session_id)}
         body = orjson.dumps(self._body(request, self._prompt(request)))
         try:
             async for batch in self.transport.stream_lines(self.base + self._path, body, headers,
@@ -384,6 +389,12 @@ class OpenAIEngineClient:
         return TurnResult(submitted, first, finish, int(usage.get("prompt_tokens", request.prompt_tokens)), cached,
                           int(usage.get("completion_tokens", len(output_ids))), 0, None,
                           output_ids if output_ids else None, tuple(gaps), output_text="".join(texts))
+
+    def session_value(self, session_id: int) -> str:
+        """The affinity header's value: stable for a session within a run, distinct across sessions
+        and runs; the preflight's probes (session -1) share one, so its repeated prompt meets its cache."""
+        label = self.options.session_label
+        return f"{label}/{session_id}" if session_id >= 0 else f"{label}/preflight"
 
     def _failed(self, request: TurnRequest, submitted: float, first: float, error: str) -> TurnResult:
         now = self.clock.now()
@@ -527,7 +538,12 @@ class OpenAIEngineClient:
         self.pool_tokens = pool
         self.consecutive_failures = 0
         self.first_failure_s = None
-        return {"model": self.model, "prompt_mode": self.prompt_mode, "pool_tokens": pool,
+        # the tokens per cache block hits come in (the ideal hit ratio rounds to it): vLLM's
+        # cache_config_info, SGLang's page size (its default 1 when /get_server_info has none)
+        block_size = scraped.block_size if scraped else None
+        if block_size is None and self.server == "sglang":
+            block_size = await self._sglang_page_size() or 1
+        return {"model": self.model, "prompt_mode": self.prompt_mode, "pool_tokens": pool, "block_size": block_size,
                 "server": self.server, "max_model_len": self.max_model_len,
                 "probe_cached_tokens": [r.cached_tokens for r in results],
                 "api": self.api, "prompt_lengths": self._prompt_lengths()}
@@ -572,12 +588,19 @@ class OpenAIEngineClient:
         """SGLang's pool in tokens from its server info: SGLang 0.5.x exports no metric for it but
         ``/get_server_info`` (``/server_info`` on newer versions) has the scheduler's
         ``max_total_num_tokens``."""
+        return await self._sglang_info_int("max_total_num_tokens")
+
+    async def _sglang_page_size(self) -> Optional[int]:
+        return await self._sglang_info_int("page_size")
+
+    async def _sglang_info_int(self, key: str) -> Optional[int]:
+        """A positive number from SGLang's server info, or None."""
         for path in ("/get_server_info", "/server_info"):
             try:
                 info = await self._json("GET", path)
             except (TransportError, HttpStatusError):
                 continue
-            value = info.get("max_total_num_tokens") if isinstance(info, dict) else None
+            value = info.get(key) if isinstance(info, dict) else None
             if isinstance(value, (int, float)) and value > 0:
                 return int(value)
         return None

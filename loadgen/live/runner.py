@@ -22,6 +22,7 @@ from ..core.gateway import Gateway
 from ..core.lateness import lag_report
 from .progress import LiveProgress, LiveSnapshot
 from .http_client import EndpointOptions, OpenAIEngineClient, PreflightError, Transport, api_key_from_env
+from .replicas import ReplicaSetClient, make_client
 from ..core.recording import RunRecorder, write_json_atomic
 from ..core.runner import run_info, sample_row
 from ..core.session import RetryPolicy, RunEnv, run_session_recording_crashes
@@ -29,10 +30,11 @@ from ..core.spec import ExperimentSpec, FlushTrigger, OpenAIEngineSpec
 from ..core.workload import plan_sessions
 
 
-def endpoint_options(engine: OpenAIEngineSpec) -> EndpointOptions:
+def endpoint_options(engine: OpenAIEngineSpec, run_id: str = "loadgen") -> EndpointOptions:
     return EndpointOptions(url=engine.url, model=engine.model, api_key=api_key_from_env(engine.api_key_env),
                            prompt_mode=engine.prompt_mode, request_timeout_s=engine.request_timeout_s,
-                           server=engine.server, api=engine.api, tokenizer=engine.tokenizer)
+                           server=engine.server, api=engine.api, tokenizer=engine.tokenizer,
+                           session_header=engine.session_header, session_label=run_id)
 
 
 def max_context_tokens(spec: ExperimentSpec) -> int:
@@ -69,7 +71,7 @@ def preflight_endpoint(spec: ExperimentSpec) -> dict:
     instead of failing every run."""
 
     async def check() -> dict:
-        client = OpenAIEngineClient(WallClock(spec.time_scale), endpoint_options(spec.engine))
+        client = make_client(WallClock(spec.time_scale), endpoint_options(spec.engine), spec.engine.metrics_urls)
         try:
             return await client.preflight(max_context_tokens(spec), spec.engine.pool_tokens)
         finally:
@@ -101,11 +103,13 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
     write_json_atomic(run_dir / "run.json", info)
     client = None
     try:  # everything before the first turn: a failure here ends the run "failed", never "running"
-        client = OpenAIEngineClient(WallClock(spec.time_scale), endpoint_options(engine_spec), transport)
+        client = make_client(WallClock(spec.time_scale), endpoint_options(engine_spec, key.run_id),
+                             engine_spec.metrics_urls, transport)
         plans = plan_sessions(spec, arm, key.seed)  # a trace that cannot be read fails before any load
         info["preflight"] = await client.preflight(max_context_tokens(spec), engine_spec.pool_tokens)
         info["pool_tokens"] = client.pool_tokens
         # which engine answered, as the preflight saw it (its /metrics names, or the spec's engine.server)
+        info["prefix_cache_block_size"] = info["preflight"]["block_size"]
         server = info["preflight"]["server"]
         info["engine_flavor"] = server if server in ("vllm", "sglang") else "unknown"
         if engine_spec.flush_before_run:
@@ -159,6 +163,9 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
             now = clock.now()
             row = sample_row(env, await client.metrics_async(), now)
             recorder.sample(row)
+            if isinstance(client, ReplicaSetClient):
+                for replica_row in client.replica_rows(now):
+                    recorder.replica_sample(replica_row)
             recorder.maybe_flush(now)
             if on_progress is not None:
                 on_progress(progress.sample(row))
