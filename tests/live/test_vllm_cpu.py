@@ -79,3 +79,51 @@ def test_closed_loop_on_real_vllm_hits_warm_turns_and_a_flush_makes_them_miss(vl
     assert after, "some session was thinking across the flush"
     # its own context was dropped: at most the shared system prompt (15 blocks) was recomputed since
     assert all(c <= 2000 // BLOCK * BLOCK for c in after)
+
+
+@pytest.fixture(scope="module")
+def vllm_chat(tmp_path_factory):
+    """A second server, with a tokenizer built here (a 32000-word vocabulary, the model's size, and
+    a ChatML template) in the model directory: chat needs one, token-id prompts do not."""
+    from tests.live.small_tokenizer import build_tokenizer
+
+    model = build_tokenizer(tiny_model_dir(tmp_path_factory.mktemp("tiny-qwen3-chat")), vocab_size=32000)
+    with VllmServer(model, num_blocks=NUM_BLOCKS, max_model_len=16384, skip_tokenizer_init=False) as server:
+        yield server.url, model
+
+
+def test_a_chat_closed_loop_on_real_vllm_hits_a_growing_prefix_turn_by_turn(vllm_chat, tmp_path):
+    url, model = vllm_chat
+    spec = parse_spec({
+        "experiment": "vllm-cpu-chat", "duration_s": 30, "seeds": [1],
+        "engine": {"kind": "openai", "url": url, "api": "chat", "tokenizer": str(model)},
+        "workload": {"arrival_rate_per_s": 0.3, "sessions": {
+            "kind": "synthetic", "num_turns": 4, "system_prompt_tokens": 1000, "task_tokens": 1500,
+            "output_tokens": 8, "tool_tokens": 300, "think_time_mean_s": 1.0}},
+        "arms": [{"name": "base"}],
+    })
+    info = run_live(spec, RunKey("base", 1), tmp_path)
+    assert info["status"] == "completed", info.get("error")
+    assert info["preflight"]["api"] == "chat" and info["preflight"]["prompt_lengths"]["chat_template"] == \
+        "tokenizer_config"
+    t = pq.read_table(tmp_path / "runs" / "base-s1" / "turns.parquet").to_pydict()
+    rows = [r for r in zip(t["session_id"], t["turn_index"], t["prompt_tokens"], t["planned_prompt_tokens"],
+                           t["cached_tokens"], t["retokenization_drift_tokens"], t["error"]) if r[-1] is None]
+    assert len(rows) > 8
+    # vLLM's usage.prompt_tokens (its template, its tokenizer) is the planned length, turn by turn
+    assert all(p == planned for _, _, p, planned, *_ in rows)
+    by_turn = {(s, k): (p, c, d) for s, k, p, _, c, d, _ in rows}
+    drifts = [d for *_, d in by_turn.values()]
+    assert all(d >= 0 for d in drifts)  # vLLM returned the generated ids: drift is measured
+    exact = 0
+    for (s, k), (p, cached, drift) in by_turn.items():
+        if k == 0 or (s, k - 1) not in by_turn:
+            continue
+        before = by_turn[(s, k - 1)]
+        # the previous prompt and all but the last generated token are cached, in whole blocks,
+        # unless the returned text re-tokenized differently (then the hit stops where it differs)
+        full = (before[0] + 8 - 1) // BLOCK * BLOCK
+        assert cached <= full and cached >= (before[0] + 8 - 1 - drift) // BLOCK * BLOCK
+        assert cached > before[1]  # cached tokens grow turn by turn
+        exact += cached == full
+    assert exact >= 3

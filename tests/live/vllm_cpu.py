@@ -60,7 +60,8 @@ class VllmServer:
     """``vllm serve`` (CPU build) on 127.0.0.1 with prefix caching and cached-token reports."""
 
     def __init__(self, model_dir: Path, num_blocks: int = 1024, max_model_len: int = 16384,
-                 log_path: Path | None = None, served_name: str = "tiny", dev_mode: bool = True) -> None:
+                 log_path: Path | None = None, served_name: str = "tiny", dev_mode: bool = True,
+                 skip_tokenizer_init: bool = True) -> None:
         self.model_dir = model_dir
         self.num_blocks = num_blocks
         self.max_model_len = max_model_len
@@ -69,6 +70,8 @@ class VllmServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path or (model_dir / "vllm.log")
         self.dev_mode = dev_mode
+        # token-id prompts need no tokenizer; chat does (a tokenizer.json in the model directory)
+        self.skip_tokenizer_init = skip_tokenizer_init
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 900.0) -> "VllmServer":
@@ -78,8 +81,8 @@ class VllmServer:
         if self.dev_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"  # for /reset_prefix_cache
         cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
-               "--served-model-name", self.served_name, "--load-format", "dummy", "--skip-tokenizer-init",
-               "--enable-prefix-caching", "--enable-prompt-tokens-details",
+               "--served-model-name", self.served_name, "--load-format", "dummy",
+               *(["--skip-tokenizer-init"] if self.skip_tokenizer_init else []), "--enable-prefix-caching", "--enable-prompt-tokens-details",
                "--max-model-len", str(self.max_model_len), "--num-gpu-blocks-override", str(self.num_blocks),
                "--host", "127.0.0.1", "--port", str(self.port)]
         self._log = open(self.log_path, "w")
