@@ -27,13 +27,18 @@ def rows(out, run_id="base-s3"):
     return [dict(zip(keys, values)) for values in zip(*(t[k] for k in keys))]
 
 
-def test_a_chat_run_records_the_same_cached_tokens_turn_by_turn_as_virtual_time(tmp_path, serve_sim_factory,
-                                                                                   tok_dir):
-    server = serve_sim_factory(TIME_SCALE, "--tokenizer", str(tok_dir), "--chat-only")
-    sim_spec, spec = live_spec(server.url, api="chat", tokenizer=str(tok_dir))
+@pytest.mark.parametrize("api", ["chat", "completions-text"])
+def test_a_text_run_records_the_same_cached_tokens_turn_by_turn_as_virtual_time(tmp_path, serve_sim_factory,
+                                                                                  tok_dir, api):
+    if api == "chat":
+        server = serve_sim_factory(TIME_SCALE, "--tokenizer", str(tok_dir), "--chat-only")
+        sim_spec, spec = live_spec(server.url, api="chat", tokenizer=str(tok_dir))
+    else:  # the completions API's text prompts, built with the same tokenizer path
+        server = serve_sim_factory(TIME_SCALE, "--tokenizer", str(tok_dir))
+        sim_spec, spec = live_spec(server.url, prompt_mode="text", tokenizer=str(tok_dir))
     info = run_live(spec, RunKey("base", 3), tmp_path / "live")
     assert info["status"] == "completed", info.get("error")
-    assert info["preflight"]["api"] == "chat" and info["preflight"]["prompt_lengths"]["exact"]
+    assert info["preflight"]["api"] == api.split("-")[0] and info["preflight"]["prompt_lengths"]["exact"]
     run_simulated(sim_spec, RunKey("base", 3), tmp_path / "virtual")
     live = [r for r in rows(tmp_path / "live") if r["error"] is None]
     # usage.prompt_tokens (the server's count of the templated messages) is the planned length,
