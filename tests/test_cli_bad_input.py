@@ -62,6 +62,12 @@ def test_bad_run_flags_are_refused_before_anything_runs(tmp_path, flags, expecte
     ({"duration_s": True}, "duration_s: expected a number, got true"),
     ({"engine": {"kind": "openai", "url": "localhost:8000"}},
      "engine.url: 'localhost:8000' has no scheme: expected a URL like http://localhost:8000"),
+    ({"engine": {"kind": "openai", "url": "http://r:8000", "session_header": "X Session"}},
+     "engine.session_header: 'X Session' is not an HTTP header name"),
+    ({"engine": {"kind": "openai", "url": "http://r:8000", "metrics_urls": ["http://a:8000", "b:8000"]}},
+     "engine.metrics_urls: [1]: 'b:8000' has no scheme: expected a URL like http://b:8000"),
+    ({"engine": {"kind": "openai", "url": "http://r:8000", "metrics_urls": []}},
+     "engine.metrics_urls: an empty list: give the replicas' base URLs, or leave metrics_urls out"),
 ])
 def test_bad_spec_values_name_the_field_and_what_is_expected(tmp_path, overrides, expected):
     spec = _spec_file(tmp_path, "bad.yaml", **overrides)

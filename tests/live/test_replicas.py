@@ -176,3 +176,14 @@ def test_a_replica_refusing_the_reset_is_named():
 
     with pytest.raises(PreflightError, match=r"http://replica-b:8000/reset_prefix_cache refused"):
         asyncio.run(go())
+
+
+def test_metrics_urls_take_base_urls_or_the_replicas_metrics_urls():
+    from loadgen.core.spec import parse_spec
+    from tests.conftest import make_spec_dict
+
+    spec = parse_spec(make_spec_dict(engine={
+        "kind": "openai", "url": "http://router:8000/v1", "session_header": "X-Session-ID",
+        "metrics_urls": ["http://10.0.0.5:8000/metrics", "http://10.0.0.6:8000/v1/", "http://10.0.0.7:8000"]}))
+    assert spec.engine.metrics_urls == ["http://10.0.0.5:8000", "http://10.0.0.6:8000", "http://10.0.0.7:8000"]
+    assert spec.engine.session_header == "X-Session-ID"

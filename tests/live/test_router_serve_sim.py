@@ -65,8 +65,8 @@ class Router:
                                            headers={k: v for k, v in request.headers.items()
                                                     if k.lower() not in ("host", "content-length")}) as up:
                     resp = web.StreamResponse(status=up.status, headers={"Content-Type": up.content_type})
-                    await resp.prepare(request)
                     try:
+                        await resp.prepare(request)
                         async for chunk in up.content.iter_any():
                             await resp.write(chunk)
                         await resp.write_eof()
