@@ -263,13 +263,13 @@ class ServerTokenizer:
         return _tokens(data)
 
     async def filler_words(self) -> list[str]:
-        base = len(await self.text_ids(""))
+        # differences of counts, so whatever the server adds around a prompt (a BOS) cancels out
         joined = " ".join(COMMON_WORDS)
-        if len(await self.text_ids(joined)) - base == len(COMMON_WORDS):
+        if len(await self.text_ids(f"{joined} {joined}")) - len(await self.text_ids(joined)) == len(COMMON_WORDS):
             return list(COMMON_WORDS)
         words = []
-        for w in COMMON_WORDS:  # one at a time: keep those that are one token first and after a space
-            if len(await self.text_ids(f"{w} {w} {w}")) - base == 3:
+        for w in COMMON_WORDS:  # one at a time: keep those that are one token after a space
+            if len(await self.text_ids(f"{w} {w} {w}")) - len(await self.text_ids(w)) == 2:
                 words.append(w)
         return words
 

@@ -92,11 +92,14 @@ def vllm_chat(tmp_path_factory):
         yield server.url, model
 
 
-def test_a_chat_closed_loop_on_real_vllm_hits_a_growing_prefix_turn_by_turn(vllm_chat, tmp_path):
+@pytest.mark.parametrize("counter", ["local", "server"])
+def test_a_chat_closed_loop_on_real_vllm_hits_a_growing_prefix_turn_by_turn(vllm_chat, tmp_path, counter):
     url, model = vllm_chat
+    # the tokenizer in the model directory, or none: vLLM's /tokenize counts (its template applied)
+    tokenizer = {"tokenizer": str(model)} if counter == "local" else {}
     spec = parse_spec({
         "experiment": "vllm-cpu-chat", "duration_s": 30, "seeds": [1],
-        "engine": {"kind": "openai", "url": url, "api": "chat", "tokenizer": str(model)},
+        "engine": {"kind": "openai", "url": url, "api": "chat", **tokenizer},
         "workload": {"arrival_rate_per_s": 0.3, "sessions": {
             "kind": "synthetic", "num_turns": 4, "system_prompt_tokens": 1000, "task_tokens": 1500,
             "output_tokens": 8, "tool_tokens": 300, "think_time_mean_s": 1.0}},
@@ -105,7 +108,7 @@ def test_a_chat_closed_loop_on_real_vllm_hits_a_growing_prefix_turn_by_turn(vllm
     info = run_live(spec, RunKey("base", 1), tmp_path)
     assert info["status"] == "completed", info.get("error")
     assert info["preflight"]["api"] == "chat" and info["preflight"]["prompt_lengths"]["chat_template"] == \
-        "tokenizer_config"
+        ("tokenizer_config" if counter == "local" else "server")
     t = pq.read_table(tmp_path / "runs" / "base-s1" / "turns.parquet").to_pydict()
     rows = [r for r in zip(t["session_id"], t["turn_index"], t["prompt_tokens"], t["planned_prompt_tokens"],
                            t["cached_tokens"], t["retokenization_drift_tokens"], t["error"]) if r[-1] is None]
