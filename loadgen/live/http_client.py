@@ -10,7 +10,10 @@ Two layers:
   fixed output length; it records time to first token and inter-token gaps, reads cached tokens
   from ``usage.prompt_tokens_details.cached_tokens`` (a missing field means 0, as vLLM omits it
   when nothing hit), and, when the server returns generated ids (vLLM ``return_token_ids``),
-  hands them back so the next turn appends exactly what the engine cached.
+  hands them back so the next turn appends exactly what the engine cached. With ``api: chat``
+  each turn is a streamed ``/v1/chat/completions`` request instead, its messages built by
+  loadgen/live/chat.py to the planned token length (docs/chat.md); the returned text is kept
+  for the next turn's assistant message.
 
 Failures (HTTP errors, timeouts, resets, a dead server) become a ``TurnResult`` with ``error``
 set; whether to retry is the session's policy. The API key comes from an environment variable

@@ -3,7 +3,10 @@
 Endpoints: ``/v1/completions`` (token-id or text prompts, streamed or not, ``usage`` with
 ``prompt_tokens_details.cached_tokens`` as vLLM reports it, ``return_token_ids``),
 ``/v1/models``, ``/health``, ``/metrics`` (vLLM's names, ``vllm:cache_config_info`` included)
-and ``POST /reset_prefix_cache``. Bound to 127.0.0.1 unless told otherwise.
+and ``POST /reset_prefix_cache``. Bound to 127.0.0.1 unless told otherwise. Chat too:
+``/v1/chat/completions`` (the messages through a chat template and ``--tokenizer``, else one
+token per word with ChatML) and ``POST /tokenize``; ``--chat-only`` drops ``/v1/completions``
+(docs/chat.md#serve-sim-speaks-chat).
 
 ``--flavor sglang`` serves the SGLang flavour of the engine behind SGLang 0.5.x's API surface
 instead: ``/v1/completions`` (cached tokens in ``usage.prompt_tokens_details`` as SGLang's
