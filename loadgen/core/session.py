@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+import orjson
+
 from trace_shapes import SessionShape
 
 from .clock import Clock
@@ -33,6 +35,33 @@ class SessionCounts:
     crashed_total: int = 0  # sessions whose task raised (run_session_recording_crashes)
 
 
+class TokenIds(list):
+    """A session's token ids, which only ever grow, with their JSON array text kept up to date
+    incrementally: ``json()`` encodes only the ids appended since its last call. Encoding a whole
+    context every turn was the largest single cost of a streamed turn (~10% of the driver's CPU
+    at 4K-token contexts, more as agent contexts grow; benchmarks/README.md)."""
+
+    __slots__ = ("_json", "_num_json")
+
+    def __init__(self, ids=()) -> None:
+        super().__init__(ids)
+        self._json = bytearray(b"[")
+        self._num_json = 0
+
+    def json(self) -> bytes:
+        """The ids as a JSON array, the same bytes as ``orjson.dumps(list(self))``."""
+        n = len(self)
+        if n < self._num_json:  # shrunk (not done by sessions): encode it afresh
+            self._json, self._num_json = bytearray(b"["), 0
+        if n > self._num_json:
+            new = orjson.dumps(self[self._num_json:])
+            if self._num_json:
+                self._json += b","
+            self._json += new[1:-1]
+            self._num_json = n
+        return bytes(self._json) + b"]"
+
+
 class TokenContext:
     """The real token ids of a session's context, for engines that need them (HTTP).
 
@@ -54,13 +83,14 @@ class TokenContext:
         self._rng = rng_for(Stream.SESSION_TOKENS, seed, arm, session_id)
         prefix = prefix_rng.integers(1, self.VOCAB, size=shape.shared_prefix_tokens).tolist()
         rest = self._rng.integers(1, self.VOCAB, size=shape.initial_tokens - shape.shared_prefix_tokens).tolist()
-        self.ids: list[int] = prefix + rest
+        self.ids: TokenIds = TokenIds(prefix + rest)
 
     def append(self, output_ids: Optional[list[int]], num_output: int, num_tool: int) -> None:
         if output_ids is None or len(output_ids) != num_output:
             output_ids = self._rng.integers(1, self.VOCAB, size=num_output).tolist()
         self.ids.extend(output_ids)
-        self.ids.extend(self._rng.integers(1, self.VOCAB, size=num_tool).tolist())
+        if num_tool:  # drawing 0 ids consumes nothing of the generator: skipped, the same ids follow
+            self.ids.extend(self._rng.integers(1, self.VOCAB, size=num_tool).tolist())
 
     # the session-side surface shared with text contexts, whose building may ask the server
     async def start(self) -> None:
