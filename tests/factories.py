@@ -35,6 +35,8 @@ DOC_TURNS_SCHEMA = pa.schema(
         ("error", pa.string()),
         ("itl_mean_s", pa.float64()),
         ("itl_max_s", pa.float64()),
+        ("planned_prompt_tokens", pa.int64()),
+        ("retokenization_drift_tokens", pa.int64()),
         ("cacheable_prefix_tokens", pa.int64()),
     ]
 )
