@@ -48,10 +48,21 @@ def start_server(port: int, kind: str) -> subprocess.Popen:
     return start_and_wait(cmd, f"http://127.0.0.1:{port}", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
 
 
+ENGINE: dict = {}  # engine fields of every spec (--api chat: api and tokenizer)
+TRANSPORT = None  # --transport aiohttp: the aiohttp transport instead of the raw HTTP client
+
+
 def spec(url: str, **workload) -> dict:
     return {"experiment": "driver-bench", "seeds": [1], "engine": {"kind": "openai", "url": url,
-                                                                  "flush_before_run": False},
+                                                                  "flush_before_run": False, **ENGINE},
             "recording": {"flush_interval_s": 5}, **workload}
+
+
+def transport():
+    if TRANSPORT == "aiohttp":
+        from loadgen.live.http_client import AiohttpTransport
+        return AiohttpTransport()
+    return None
 
 
 def cpu_s() -> float:
@@ -67,7 +78,7 @@ def throughput(url: str, out: Path, num_sessions: int = 256, duration_s: float =
         arms=[{"name": "closed", "triggers": [{"kind": "rate_change", "at_s": 1.0, "arrival_rate_per_s": 0.0}]}])
     s = parse_spec(data)
     c0, t0 = cpu_s(), time.perf_counter()
-    run_live(s, RunKey("closed", 1), out)
+    run_live(s, RunKey("closed", 1), out, transport=transport())
     cpu, wall = cpu_s() - c0, time.perf_counter() - t0
     t = pq.read_table(out / "runs" / "closed-s1" / "turns.parquet").to_pydict()
     fin = np.array([f for f, e in zip(t["finish_s"], t["error"]) if e is None])
@@ -86,7 +97,7 @@ def lateness(url: str, out: Path, rate: float = 200.0, duration_s: float = 20.0)
         arms=[{"name": "open"}])
     s = parse_spec(data)
     c0 = cpu_s()
-    run_live(s, RunKey("open", 1), out)
+    run_live(s, RunKey("open", 1), out, transport=transport())
     cpu = cpu_s() - c0
     scheduled = {p.session_id: p.arrival_s for p in plan_sessions(s, s.arm("open"), 1)}
     t = pq.read_table(out / "runs" / "open-s1" / "turns.parquet").to_pydict()
@@ -101,13 +112,33 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18765)
     parser.add_argument("--server", choices=["zero", "serve-sim"], default="zero",
                         help="the raw zero-time mock (default) or serve-sim with zero step cost")
+    parser.add_argument("--api", choices=["completions", "chat"], default="completions",
+                        help="chat: message lists built to exact lengths with a local tokenizer")
+    parser.add_argument("--tokenizer", help="for --api chat: a tokenizer directory (default: one built here, "
+                        "32000 made-up words and a ChatML template, no download)")
+    parser.add_argument("--transport", choices=["raw", "aiohttp"], default="raw",
+                        help="the HTTP client: the raw HTTP/1.1 one (default) or aiohttp (before it)")
+    parser.add_argument("--sessions", type=int, default=256, help="closed-loop sessions (the concurrency)")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of the closed-loop run")
+    parser.add_argument("--skip-lateness", action="store_true")
     parser.add_argument("--json")
     args = parser.parse_args()
+    global TRANSPORT
+    TRANSPORT = args.transport
     proc = start_server(args.port, args.server)
     url = f"http://127.0.0.1:{args.port}"
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            results = {"throughput": throughput(url, Path(tmp) / "a"), "lateness": lateness(url, Path(tmp) / "b")}
+            if args.api == "chat":
+                tokenizer = args.tokenizer
+                if tokenizer is None:
+                    from tests.live.small_tokenizer import build_tokenizer
+                    tokenizer = str(build_tokenizer(Path(tmp) / "tok", vocab_size=32000))
+                ENGINE.update(api="chat", tokenizer=tokenizer)
+            results = {"api": args.api, "transport": args.transport,
+                       "throughput": throughput(url, Path(tmp) / "a", args.sessions, args.duration)}
+            if not args.skip_lateness:
+                results["lateness"] = lateness(url, Path(tmp) / "b")
     finally:
         proc.kill()
     print(json.dumps(results, indent=1))

@@ -1,7 +1,7 @@
 """A minimal zero-service-time OpenAI-style server for load-generator benchmarks.
 
 Raw asyncio (no framework) so that the server is never the bottleneck: every
-``/v1/completions`` answers at once with ``max_tokens`` streamed SSE chunks (one token each,
+``/v1/completions`` or ``/v1/chat/completions`` answers at once with ``max_tokens`` streamed SSE chunks (one token each,
 like vLLM streams) and a usage chunk. Also ``/v1/models``, ``/health`` and a ``/metrics`` that
 states its pool. Bound to 127.0.0.1.
 
@@ -26,13 +26,21 @@ def _response(status: str, body: bytes, content_type: bytes = b"application/json
 
 
 def _stream(body: dict) -> bytes:
-    n = int(body.get("max_tokens") or 16)
-    prompt = body.get("prompt")
-    num_prompt = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
+    n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+    messages = body.get("messages")
+    if messages is not None:  # chat: a word per token and 4 per message (roughly ChatML's markers)
+        num_prompt = sum(len(str(m.get("content") or "").split()) + 4 for m in messages)
+    else:
+        prompt = body.get("prompt")
+        num_prompt = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
     parts = []
     for i in range(n):
-        parts.append(b'data: {"object":"text_completion","choices":[{"index":0,"text":"t","token_ids":[' +
-                     str(100 + i).encode() + b"]}]}\n\n")
+        if messages is not None:
+            parts.append(b'data: {"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" w' +
+                         str(i).encode() + b'"}}]}\n\n')
+        else:
+            parts.append(b'data: {"object":"text_completion","choices":[{"index":0,"text":"t","token_ids":[' +
+                         str(100 + i).encode() + b"]}]}\n\n")
     usage = {"prompt_tokens": num_prompt, "completion_tokens": n,
              "prompt_tokens_details": {"cached_tokens": max(0, num_prompt - 1) // 16 * 16}}
     parts.append(b"data: " + orjson.dumps({"choices": [], "usage": usage}) + b"\n\n")
@@ -63,7 +71,7 @@ class Protocol(asyncio.Protocol):
             body = self.buf[head_end + 4:head_end + 4 + length]
             self.buf = self.buf[head_end + 4 + length:]
             method, path = head.split(" ", 2)[:2]
-            if path.startswith("/v1/completions"):
+            if path.startswith("/v1/completions") or path.startswith("/v1/chat/completions"):
                 self.transport.write(_stream(orjson.loads(body)))
             elif path.startswith("/v1/models"):
                 self.transport.write(_response("200 OK", MODELS))
