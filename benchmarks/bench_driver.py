@@ -121,12 +121,13 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=256, help="closed-loop sessions (the concurrency)")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of the closed-loop run")
     parser.add_argument("--skip-lateness", action="store_true")
+    parser.add_argument("--url", help="drive this running endpoint instead of starting one (bench_peers.py)")
     parser.add_argument("--json")
     args = parser.parse_args()
     global TRANSPORT
     TRANSPORT = args.transport
-    proc = start_server(args.port, args.server)
-    url = f"http://127.0.0.1:{args.port}"
+    proc = None if args.url else start_server(args.port, args.server)
+    url = args.url or f"http://127.0.0.1:{args.port}"
     try:
         with tempfile.TemporaryDirectory() as tmp:
             if args.api == "chat":
@@ -140,7 +141,8 @@ def main() -> None:
             if not args.skip_lateness:
                 results["lateness"] = lateness(url, Path(tmp) / "b")
     finally:
-        proc.kill()
+        if proc is not None:
+            proc.kill()
     print(json.dumps(results, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
