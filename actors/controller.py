@@ -72,6 +72,25 @@ class GateHost:
     async def admitted(self, session: Any) -> None:
         await self.waiting.pop(session)
 
+    def gate_batch(self, ops: list[tuple]) -> list[bool]:
+        """A fleet's calls of one loop pass (``RemoteGate``), applied in order: ``(kind, session,
+        value)`` with kind arrive / before_turn (value: demand tokens; answered, in order) or
+        turn_completed (value: latency) / session_ended. Returns the questions' answers."""
+        answers = []
+        gateway = self.gateway
+        for kind, session, value in ops:
+            if kind == "before_turn":
+                answers.append(self._go(session, gateway.before_turn(session, value)))
+            elif kind == "turn_completed":
+                gateway.turn_completed(session, value)
+            elif kind == "arrive":
+                answers.append(self._go(session, gateway.arrive(session, value)))
+            elif kind == "session_ended":
+                gateway.session_ended(session)
+            else:
+                raise ValueError(f"not a gate call: {kind!r}")
+        return answers
+
     def turn_completed(self, session: Any, latency_s: float) -> None:
         self.gateway.turn_completed(session, latency_s)
 
@@ -167,6 +186,9 @@ class ControllerActor:
 
     async def admitted(self, session: Any) -> None:
         await self.gate.admitted(session)
+
+    def gate_batch(self, ops: list[tuple]) -> list[bool]:
+        return self.gate.gate_batch(ops)
 
     def turn_completed(self, session: Any, latency_s: float) -> None:
         self.gate.turn_completed(session, latency_s)

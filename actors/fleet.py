@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Optional
 
 import ray
 
-from loadgen.core.clock import WallClock
+from loadgen.core.clock import Clock, WallClock
 from loadgen.live.http_client import EndpointOptions, OpenAIEngineClient
 from loadgen.core.session import RetryPolicy, RunEnv, SessionCounts, run_session_recording_crashes
 from loadgen.core.workload import SessionPlan
@@ -30,32 +30,87 @@ SHIP_INTERVAL_S = 1.0  # wall seconds between batches to the recorder: what a de
 
 
 class RemoteGate:
-    """The run's gateway seen from a fleet: each question is a call to the controller actor.
+    """The run's gateway seen from a fleet: the controller actor answers.
 
     ``arrive``/``before_turn`` are coroutines (``answers_later``): the session awaits the answer,
-    None to go or an awaitable that resolves when the gateway admits it again."""
+    None to go or an awaitable that resolves when the gateway admits it again.
+
+    Calls are batched per event-loop pass: every question and notification (``turn_completed``,
+    ``session_ended``) the fleet's sessions make in one pass goes to the controller as one call
+    (``gate_batch``), in the order they were made, when the pass ends; the controller applies
+    them in that order and answers the questions. The gateway sees the same calls in the same
+    order at the same run time (up to the loop pass) as one call each would give it; a fleet
+    under load makes one controller call for many turns instead of two per turn
+    (benchmarks/bench_gate.py: the gate's ceiling before and after).
+
+    ``clock`` gives the futures, the end of the pass and the tasks: the fleet's wall clock, or a
+    VirtualClock in tests (its "pass" is the current instant)."""
 
     answers_later = True
 
-    def __init__(self, controller) -> None:
+    def __init__(self, controller, clock: Optional[Clock] = None) -> None:
         self.controller = controller
+        self._clock = clock
+        self._ops: list[tuple] = []  # what the sessions asked and told this pass, in order
+        self._answers: list[Any] = []  # a future per question in _ops
+        self._scheduled = False
 
     async def arrive(self, session: Any, demand_tokens: int) -> Optional[Awaitable]:
-        if await self.controller.arrive.remote(session, demand_tokens):
-            return None
-        return self.controller.admitted.remote(session)
+        return await self._ask(("arrive", session, demand_tokens))
 
     async def before_turn(self, session: Any, demand_tokens: int) -> Optional[Awaitable]:
-        if await self.controller.before_turn.remote(session, demand_tokens):
+        return await self._ask(("before_turn", session, demand_tokens))
+
+    async def _ask(self, question: tuple) -> Optional[Awaitable]:
+        answer = self._clock.create_future() if self._clock is not None else \
+            asyncio.get_running_loop().create_future()
+        self._answers.append(answer)
+        self._add(question)
+        if await answer:
             return None
-        return self.controller.admitted.remote(session)
+        return self.controller.admitted.remote(question[1])
 
     # nothing waits on these: the session goes on while the controller catches up
     def turn_completed(self, session: Any, latency_s: float) -> None:
-        self.controller.turn_completed.remote(session, latency_s)
+        self._add(("turn_completed", session, latency_s))
 
     def session_ended(self, session: Any) -> None:
-        self.controller.session_ended.remote(session)
+        self._add(("session_ended", session, None))
+
+    def _add(self, op: tuple) -> None:
+        self._ops.append(op)
+        if not self._scheduled:
+            self._scheduled = True
+            if self._clock is None or not getattr(self._clock, "is_virtual", False):
+                asyncio.get_running_loop().call_soon(self._send)
+            else:
+                self._clock.call_at(self._clock.now(), self._send)
+
+    def _send(self) -> None:
+        self._scheduled = False
+        ops, answers = self._ops, self._answers
+        self._ops, self._answers = [], []
+        reply = self.controller.gate_batch.remote(ops)
+        if answers:
+            coro = self._deliver(reply, answers)
+            if self._clock is not None:
+                self._clock.spawn(coro)
+            else:
+                asyncio.get_running_loop().create_task(coro)
+
+    @staticmethod
+    async def _deliver(reply: Awaitable, answers: list) -> None:
+        try:
+            results = await reply
+        except BaseException as exc:  # the controller failed (or the fleet is stopping): so do the askers
+            for answer in answers:
+                if not answer.done():
+                    answer.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for answer, go in zip(answers, results):
+            answer.set_result(go)
 
 
 class RecorderProxy:
@@ -124,7 +179,7 @@ class SessionFleetHost:
         clock = WallClock(settings.time_scale, origin_epoch_s=settings.origin_epoch_s)
         client = self.engine_client(clock, settings)
         proxy = RecorderProxy()
-        env = RunEnv(clock, client, RemoteGate(controller), proxy, retry=settings.retry)
+        env = RunEnv(clock, client, RemoteGate(controller, clock), proxy, retry=settings.retry)
         state = _FleetRun(env, proxy, asyncio.Event())
         self.runs[settings.run_id] = state
 

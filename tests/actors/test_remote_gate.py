@@ -52,12 +52,14 @@ class _Ready:
 class _InProcessHandle:
     def __init__(self, target) -> None:
         self.target = target
+        self.calls: list[str] = []  # the actor methods called, in order
 
     def __getattr__(self, name: str) -> _InProcessMethod:
+        self.calls.append(name)
         return _InProcessMethod(getattr(self.target, name))
 
 
-def _run(spec, key: RunKey, run_dir: Path, through_actors: bool) -> None:
+def _run(spec, key: RunKey, run_dir: Path, through_actors: bool) -> list[str]:
     clock = VirtualClock()
     engine = SimEngineClient(clock, engine_config(spec.engine), spec.engine.load_cost_model())
     arm = spec.arm(key.arm)
@@ -66,7 +68,10 @@ def _run(spec, key: RunKey, run_dir: Path, through_actors: bool) -> None:
     recorder = RunRecorder(run_dir, key.run_id, key.arm, key.seed, spec.recording.flush_interval_s)
     proxy = RecorderProxy()
     if through_actors:
-        env = RunEnv(clock, engine, RemoteGate(_InProcessHandle(GateHost(gateway))), proxy)
+        # the calls of a virtual instant go in one batch, as a fleet's calls of one loop pass
+        handle = _InProcessHandle(GateHost(gateway))
+        gate = RemoteGate(handle, clock)
+        env = RunEnv(clock, engine, gate, proxy)
     else:
         env = RunEnv(clock, engine, gateway, recorder)
     for plan in plan_sessions(spec, arm, key.seed):
@@ -74,23 +79,35 @@ def _run(spec, key: RunKey, run_dir: Path, through_actors: bool) -> None:
     clock.run(until_s=spec.duration_s)
     replay(recorder, proxy.take())
     recorder.close()
+    return handle.calls if through_actors else []
 
 
 # session-cap switched on mid-run, when more sessions are active than it allows: it parks them
 @pytest.mark.parametrize("controller", [{"name": "none"},
-                                        {"name": "session-cap", "params": {"k": 2, "k_hi": 2}, "start_s": 150}])
+                                        {"name": "session-cap", "params": {"k": 2, "k_hi": 2}, "start_s": 150},
+                                        {"name": "admission-only", "start_s": 120},
+                                        {"name": "adaptive-cap", "start_s": 120},
+                                        {"name": "aimd", "start_s": 120},
+                                        {"name": "budgeter", "start_s": 120}])
 def test_remote_gate_and_recorder_proxy_record_what_the_in_process_run_records(tmp_path, controller):
     data = make_spec_dict(controller=controller)
     data["workload"]["arrival_rate_per_s"] = 0.1
     spec = parse_spec(data)
     key = RunKey("burst", 1)
     _run(spec, key, tmp_path / "in-process", through_actors=False)
-    _run(spec, key, tmp_path / "actors", through_actors=True)
+    calls = _run(spec, key, tmp_path / "actors", through_actors=True)
     for name in ("turns.parquet", "sessions.parquet"):
         assert (tmp_path / "actors" / name).read_bytes() == (tmp_path / "in-process" / name).read_bytes()
     if controller["name"] == "session-cap":  # the remote path really waited and parked
         assert sum(pq.read_table(tmp_path / "actors" / "sessions.parquet")["num_parks"].to_pylist()) > 0
         assert max(pq.read_table(tmp_path / "actors" / "turns.parquet")["gateway_wait_s"].to_pylist()) > 0
+    # what nothing waits on rode with the next question or went in batches: never a call of its own,
+    # and fewer calls than the gateway answered and was told
+    turns = pq.read_table(tmp_path / "actors" / "turns.parquet")
+    num_told = turns["error"].null_count + pq.read_table(tmp_path / "actors" / "sessions.parquet").num_rows
+    assert "turn_completed" not in calls and "session_ended" not in calls and "gate_batch" in calls
+    num_questions = turns.num_rows  # every turn asked once (arrive or before_turn)
+    assert len([c for c in calls if c != "admitted"]) < num_questions + num_told
 
 
 def test_replay_refuses_what_is_not_a_recorder_event(tmp_path):
