@@ -71,7 +71,8 @@ def all_imports(root: Path) -> dict[str, set[str]]:
     """Our modules -> every name they import (ours and third-party). The CLI is the top of the
     house: it may reach the Ray layer, but only lazily, inside the commands that need a cluster."""
     paths = [p for pkg in PACKAGES if (root / pkg).is_dir() for p in sorted((root / pkg).rglob("*.py"))]
-    return {module_name(root, p): imports_of(root, p, top_level_only=module_name(root, p) in LAZY_RAY)
+    return {module_name(root, p): imports_of(root, p, top_level_only=any(_within(module_name(root, p), lazy)
+                                                                         for lazy in LAZY_RAY))
             for p in paths}
 
 

@@ -1,0 +1,26 @@
+"""``loadgen``: a thin command line over the spec, runner, analysis and report modules."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional, Sequence
+
+from ..core.spec import SpecError
+from .parser import build_parser
+
+__all__ = ["build_parser", "main"]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: runs that ended are on disk, the ones that had not are marked interrupted in their "
+              "run.json; the same command again runs those (a sweep skips completed runs); `loadgen report DIR` "
+              "summarizes what is there", file=sys.stderr)
+        return 130
+

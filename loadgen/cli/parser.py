@@ -1,0 +1,164 @@
+"""The command line: every subcommand, its flags and the function that runs it."""
+
+from __future__ import annotations
+
+import argparse
+
+from trace_shapes import FORMATS
+
+from ..version import __version__
+
+from .runs import _cmd_report, _cmd_run, _cmd_sweep, _cmd_validate
+from .tools import SHAPE_NAMES, _cmd_calibrate, _cmd_compare, _cmd_cost_fit, _cmd_map, _cmd_serve_sim, _cmd_shapes
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="loadgen", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"agent-loadgen {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run every run of a spec (arms x seeds) and report")
+    run.add_argument("spec", nargs="?", help="experiment spec (YAML); with --resume DIR, default DIR/spec.yaml")
+    run.add_argument("--out", help="results directory (required unless --resume DIR)")
+    run.add_argument("--resume", nargs="?", const="", metavar="DIR",
+                     help="skip the runs already completed with the same spec (in DIR, else --out)")
+    run.add_argument("--seeds", help="only these seeds, e.g. 501-503 or 1,4")
+    run.add_argument("--arms", help="only these arms, comma-separated")
+    run.add_argument("--no-report", action="store_true", help="skip summary, table and figures")
+    run.add_argument("--no-figures", action="store_true", help="summary and table only")
+    run.add_argument("--quiet", action="store_true", help="no progress display")
+    run.add_argument("--endpoint", help="run against this OpenAI-compatible server instead of the spec's engine")
+    run.add_argument("--model", help="served model name (with --endpoint; default: the first one served)")
+    run.add_argument("--time-scale", type=float, help="compress every workload time X-fold (live runs only)")
+    run.add_argument("--api", choices=("completions", "chat"),
+                     help="the endpoint's API for a live run (default: the spec's engine.api, else completions)")
+    run.add_argument("--force-new-spec", action="store_true",
+                     help="DIR holds runs of another spec: move them to DIR/previous-N/ instead of refusing")
+    run.set_defaults(func=_cmd_run)
+
+    sweep = sub.add_parser("sweep", help="run arms x seeds on a Ray cluster (engines on their own GPUs); resumes")
+    sweep.add_argument("spec", help="experiment spec (YAML)")
+    sweep.add_argument("--out", required=True, help="results directory on this node; a re-run skips completed runs")
+    sweep.add_argument("--address", help="Ray cluster to join (default: $RAY_ADDRESS, else a new local cluster)")
+    sweep.add_argument("--seeds", help="only these seeds, e.g. 501-503 or 1,4")
+    sweep.add_argument("--arms", help="only these arms, comma-separated")
+    sweep.add_argument("--fleets", type=int, help="session-fleet actors (default: one per node, at least 2)")
+    sweep.add_argument("--force-new-spec", action="store_true",
+                       help="DIR holds runs of another spec: move them to DIR/previous-N/ instead of refusing")
+    sweep.add_argument("--no-report", action="store_true", help="skip summary, table and figures")
+    sweep.add_argument("--no-figures", action="store_true", help="summary and table only")
+    sweep.add_argument("--quiet", action="store_true", help="no per-run lines")
+    sweep.set_defaults(func=_cmd_sweep)
+
+    from ..map.grid import (DEFAULT_BISECT_STEPS, DEFAULT_CONTROLLERS, DEFAULT_HORIZON_H, DEFAULT_MAX_ESCAPE_RATES,
+                           DEFAULT_RATES, DEFAULT_SEEDS, DEFAULT_TRIGGER_FACTORS)
+
+    map_ = sub.add_parser("map", help="the metastability map: P(degradation) over rate x trigger x controller")
+    map_.add_argument("spec", help="experiment spec (YAML) with the simulated engine and a burst trigger")
+    map_.add_argument("--out", required=True, help="map directory; a rerun skips finished runs, a complete map redraws")
+    map_.add_argument("--rates", default=DEFAULT_RATES, help=f"base arrival rates, start:stop:step or a list "
+                                                             f"(default {DEFAULT_RATES})")
+    map_.add_argument("--trigger-factors", default=DEFAULT_TRIGGER_FACTORS,
+                      help=f"burst extra_rate_factor values, 0 = no trigger (default {DEFAULT_TRIGGER_FACTORS})")
+    map_.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"seeds at every point (default {DEFAULT_SEEDS})")
+    map_.add_argument("--controllers", default=DEFAULT_CONTROLLERS,
+                      help=f"controllers, each from the start of the run (default {DEFAULT_CONTROLLERS})")
+    map_.add_argument("--horizon-h", type=float, default=DEFAULT_HORIZON_H,
+                      help=f"escape-time runs: hours per run, 0 to skip (default {DEFAULT_HORIZON_H:g})")
+    map_.add_argument("--max-escape-rates", type=int, default=DEFAULT_MAX_ESCAPE_RATES,
+                      help=f"escape-time runs at most at this many rates of the band (default {DEFAULT_MAX_ESCAPE_RATES})")
+    map_.add_argument("--bisect-steps", type=int, default=DEFAULT_BISECT_STEPS,
+                      help=f"halvings of each seed's tipping bracket, 0 to skip (default {DEFAULT_BISECT_STEPS})")
+    map_.add_argument("--workers", type=int, help="local processes (default: one per CPU)")
+    map_.add_argument("--address", help="run on this Ray cluster instead of local processes")
+    map_.add_argument("--ray", action="store_true", help="run on Ray ($RAY_ADDRESS, else a local cluster)")
+    map_.add_argument("--no-figures", action="store_true")
+    map_.add_argument("--quiet", action="store_true", help="no progress lines")
+    map_.set_defaults(func=_cmd_map)
+
+    serve = sub.add_parser("serve-sim", help="serve the simulated engine behind vLLM's HTTP API")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--time-scale", type=float, default=1.0, help="run the engine X times faster than real time")
+    serve.add_argument("--pool-tokens", type=int, default=400_000, help="KV pool C in tokens")
+    serve.add_argument("--block-size", type=int, default=16)
+    serve.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    serve.add_argument("--max-model-len", type=int, default=40960)
+    serve.add_argument("--cost-model", default="qwen3-8b-mi300x", help="preset name or cost.json path")
+    serve.add_argument("--zero-cost", action="store_true", help="every step takes no time (load-generator benchmarks)")
+    serve.add_argument("--no-prefix-caching", action="store_true")
+    serve.add_argument("--offload-cpu-tokens", type=int, default=None, metavar="N",
+                       help="a CPU KV offload tier of N tokens (vLLM's native offloading)")
+    serve.add_argument("--model", default="sim", help="the served model name")
+    serve.add_argument("--flavor", choices=("vllm", "sglang"), default="vllm",
+                       help="which engine and API surface: vLLM's (default) or SGLang's (radix cache, /flush_cache, "
+                            "sglang:* metrics); --max-num-batched-tokens is SGLang's --chunked-prefill-size")
+    serve.add_argument("--page-size", type=int, default=1, help="SGLang's --page-size (flavor sglang)")
+    serve.add_argument("--tokenizer", metavar="PATH",
+                       help="tokenizer.json or a model directory: tokenizes chat messages and text prompts "
+                            "(default: one token per whitespace-separated word)")
+    serve.add_argument("--chat-only", action="store_true",
+                       help="serve no /v1/completions (an endpoint that speaks only the chat API)")
+    serve.add_argument("--schedule-policy", choices=("fcfs", "lpm"), default="fcfs",
+                       help="SGLang's --schedule-policy (flavor sglang)")
+    serve.set_defaults(func=_cmd_serve_sim)
+
+    report = sub.add_parser("report", help="rebuild summary.json, print the paired table, write figures")
+    report.add_argument("dir", help="results directory written by `loadgen run`")
+    report.add_argument("--no-figures", action="store_true")
+    report.add_argument("--compare-arms", metavar="A,B",
+                        help="paired by seed, B - A for each metric: median, bootstrap 95%% interval, sign test")
+    report.set_defaults(func=_cmd_report)
+
+    cal = sub.add_parser("calibrate", help="fit the simulator's step-cost model to a real engine")
+    cal.add_argument("--endpoint", required=True, help="the engine's base URL")
+    cal.add_argument("--model", help="served model name (default: the first one served)")
+    cal.add_argument("--out", required=True, help="cost.json to write (a .fit.json with the rows goes beside it)")
+    cal.add_argument("--name", help="the cost model's name (default: the file name)")
+    cal.add_argument("--repeats", type=int, default=3, help="repeats per measurement (median kept)")
+    cal.add_argument("--max-num-batched-tokens", type=int, default=8192, help="the server's step token budget")
+    cal.add_argument("--time-scale", type=float, default=1.0, help="the server runs X times faster than real time "
+                                                                 "(a scaled serve-sim)")
+    cal.set_defaults(func=_cmd_calibrate)
+
+    compare = sub.add_parser("compare", help="a real engine's results beside the simulator's, run by run")
+    compare.add_argument("real_dir")
+    compare.add_argument("sim_dir")
+    compare.add_argument("--window-min", type=float, default=5.0, help="window width in minutes")
+    compare.add_argument("--out", help="where compare.json and figures go (default REAL_DIR/compare)")
+    compare.set_defaults(func=_cmd_compare)
+
+    validate = sub.add_parser("validate", help="check a spec without running it")
+    validate.add_argument("spec")
+    validate.set_defaults(func=_cmd_validate)
+
+    cost = sub.add_parser("cost-fit", help="show the step-cost fit to the calibration numbers and its residuals")
+    cost.set_defaults(func=_cmd_cost_fit)
+
+    shapes = sub.add_parser("shapes", help="session shapes: what replayed traces look like")
+    shapes_sub = shapes.add_subparsers(dest="shapes_command", required=True)
+    describe = shapes_sub.add_parser(
+        "describe", help="calls per session, context and gap percentiles, growth per turn, share of long sessions")
+    describe.add_argument("source", help=f"a trace file (JSONL, .gz, Parquet), a Hugging Face dataset (hf:ORG/NAME "
+                                         f"from the local cache, or a local dataset directory) or a name: "
+                                         f"{', '.join(SHAPE_NAMES)}")
+    describe.add_argument("--format", default=None, choices=sorted(FORMATS),
+                          help="the rows' format (default: shapes, the shipped format, for a file; calls for a dataset)")
+    describe.add_argument("--split", default="train", help="Hugging Face dataset: the split (default train)")
+    describe.add_argument("--config", default=None, help="Hugging Face dataset: the configuration name")
+    describe.add_argument("--column", action="append", metavar="FIELD=COLUMN",
+                          help="Hugging Face dataset: the format's field name for a dataset column (repeatable)")
+    describe.add_argument("--tokenizer", default=None, help="aiperf: a local tokenizer.json to count text turns")
+    describe.add_argument("--default-output-tokens", type=int, default=None,
+                          help="aiperf: output tokens of a turn without output_length")
+    describe.add_argument("--block-tokens", type=int, default=512, help="mooncake: tokens per hash_ids block")
+    describe.add_argument("--model", action="append", help="only sessions of this model (repeatable)")
+    describe.add_argument("--truncate-at", type=int, default=38_000,
+                          help="engine limit for the replay section (default 38000)")
+    describe.add_argument("--over", type=int, action="append",
+                          help="report the share of sessions whose context exceeds this (repeatable; default 38000)")
+    describe.add_argument("--num-sessions", type=int, default=2000, help="tracelab-synthetic: sessions to generate")
+    describe.add_argument("--seed", type=int, default=0, help="tracelab-synthetic: generator seed")
+    describe.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    describe.set_defaults(func=_cmd_shapes)
+    return parser

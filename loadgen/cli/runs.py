@@ -1,0 +1,285 @@
+"""The experiment commands: run, sweep, report and validate."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from ..core.spec import SpecError, load_spec, parse_seeds
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..core.runner import completed_run
+    from ..experiment import run_experiment
+    from ..live.progress import describe_duration, describe_estimate, wall_time_left_s
+
+    console = Console(stderr=True)
+    _resume_args(args)
+    spec = load_spec(args.spec)
+    if args.endpoint:
+        from ..core.spec import OpenAIEngineSpec
+
+        previous = spec.engine.model_dump() if spec.engine.kind == "openai" else {}
+        previous.pop("kind", None)
+        url = _endpoint_url(args.endpoint)
+        engine = OpenAIEngineSpec(**{**previous, "url": url, "model": args.model or previous.get("model")})
+        spec = spec.model_copy(update={"engine": engine})
+    elif args.model:
+        raise SpecError("--model needs --endpoint")
+    if args.api is not None:  # chat or completions for a live run (docs/chat.md)
+        if spec.engine.kind != "openai":
+            raise SpecError(f"--api applies to live runs only (with --endpoint URL, or a spec whose engine is kind "
+                            f"openai); {args.spec} simulates in virtual time")
+        spec = spec.model_copy(update={"engine": spec.engine.model_copy(update={"api": args.api})})
+    if spec.engine.kind in ("vllm", "sglang", "serve_sim"):
+        raise SpecError(f"{args.spec}: engine kind {spec.engine.kind!r} is launched on a Ray cluster by "
+                        "`loadgen sweep` (or run against a server you started: --endpoint URL)")
+    if args.time_scale is not None:
+        if args.time_scale <= 0:
+            raise SpecError(f"--time-scale must be > 0, got {args.time_scale}")
+        if spec.engine.kind != "openai":  # a simulated run is in virtual time: there is nothing to compress
+            raise SpecError(f"--time-scale applies to live runs only (with --endpoint URL, or a spec whose engine "
+                            f"is kind openai); {args.spec} simulates in virtual time, which needs no scaling")
+        spec = spec.model_copy(update={"time_scale": args.time_scale})
+    keys = _selected_runs(spec, args)
+    out = Path(args.out)
+    _claim_results_dir(out, spec, args.force_new_spec, console)
+    live = spec.engine.kind == "openai"
+    num_to_run = len(keys)
+    if args.resume is not None:
+        num_to_run = sum(completed_run(out, spec, key) is None for key in keys)
+        console.print(f"--resume: {len(keys) - num_to_run} of {len(keys)} runs already completed with this spec "
+                      f"in {out} (skipped), {num_to_run} to run")
+    if live and num_to_run:  # wall-clock runs: say up front what the whole spec will take
+        console.print(f"estimate: {describe_estimate(num_to_run, spec.duration_s, spec.time_scale)}")
+    failed = []
+    lagging = []  # (run id, run.json "lag") of live runs that fell behind their time scale
+    runs_left = [num_to_run]
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console,
+                  transient=False, disable=args.quiet) as progress:
+        task = progress.add_task(spec.experiment, total=len(keys), last="")
+        run_task = progress.add_task("", total=spec.duration_s, last="", visible=False) if live else None
+
+        def started(key) -> None:
+            runs_left[0] -= 1
+            progress.update(task, last=f"running {key.run_id}")
+            if run_task is not None:
+                progress.reset(run_task, total=spec.duration_s, description=key.run_id, visible=True,
+                               last="waiting for the first sample")
+
+        def progressed(key, snapshot) -> None:
+            left_s = wall_time_left_s(runs_left[0], snapshot, spec.duration_s, spec.time_scale)
+            progress.update(run_task, completed=min(snapshot.t_s, spec.duration_s),
+                            last=f"{snapshot.describe()}; about {describe_duration(left_s)} left for the spec")
+
+        def skipped(key, info) -> None:
+            progress.update(task, advance=1, last=f"{key.run_id}: already completed (skipped)")
+
+        def done(key, info, wall_s) -> None:
+            status = info.get("status")
+            if status != "completed":
+                failed.append((key.run_id, info.get("error")))
+            if info.get("lagging"):
+                lagging.append((key.run_id, info["lag"]))
+            counts = info.get("counts", {})
+            progress.update(task, advance=1, last=f"{key.run_id}: {status}, {counts.get('turns_completed', 0)} turns, "
+                                                  f"{wall_s:.2f} s")
+
+        run_experiment(spec, out, keys, spec_dir=Path(args.spec).resolve().parent,
+                       on_run_start=started, on_run_done=done, wall_time=time.perf_counter,
+                       resume=args.resume is not None, on_run_skipped=skipped,
+                       on_progress=progressed if live else None)
+    for run_id, error in failed:
+        console.print(f"[red]run {run_id} failed:[/red] {error}")
+    for run_id, lag in lagging:  # a flag, not a failure: the exit code stays as it is
+        console.print(f"[yellow]warning: run {run_id} lagged[/yellow]: the {lag['source']}'s timers fired "
+                      f"p99 {lag['p99_s']:.3g} s late (max {lag['max_s']:.3g} s) in run time, over the bound "
+                      f"{lag['bound_s']:.3g} s (5% of the median turn); a lower --time-scale or a quieter "
+                      "machine (docs/results-format.md#lag)", soft_wrap=True)
+    unreadable = _report(out, console, figures=not args.no_figures) if not args.no_report else []
+    return 1 if failed or unreadable else 0
+
+def _resume_args(args: argparse.Namespace) -> None:
+    """``loadgen run --resume DIR`` resumes DIR with the spec it recorded (DIR/spec.yaml) unless a
+    SPEC is given; ``loadgen run SPEC --out DIR --resume`` resumes DIR with SPEC."""
+    if args.resume:  # a directory
+        if args.out and Path(args.out) != Path(args.resume):
+            raise SpecError(f"--resume {args.resume} and --out {args.out} name two results directories; give one")
+        args.out = args.resume
+        if args.spec is None:
+            recorded = Path(args.resume) / "spec.yaml"
+            if not recorded.is_file():
+                raise SpecError(f"--resume {args.resume}: no spec.yaml there (not a results directory of "
+                                "`loadgen run`); give the SPEC too")
+            args.spec = str(recorded)
+    if args.spec is None:
+        raise SpecError("loadgen run needs a SPEC (or --resume DIR)")
+    if args.out is None:
+        raise SpecError("loadgen run needs --out DIR (or --resume DIR)")
+
+def _endpoint_url(url: str, flag: str = "--endpoint") -> str:
+    from ..core.spec import normalize_endpoint_url
+
+    try:
+        return normalize_endpoint_url(url)
+    except ValueError as exc:
+        raise SpecError(f"{flag}: {exc}") from None
+
+def _claim_results_dir(out: Path, spec, force_new_spec: bool, console) -> None:
+    """Refuse a results directory holding runs of another spec, or move them aside (--force-new-spec)."""
+    from ..core.same_spec import MixedSpecError, claim_results_dir
+
+    try:
+        moved = claim_results_dir(out, spec, force_new_spec)
+    except MixedSpecError as exc:
+        raise SpecError(str(exc)) from None
+    if moved is not None:
+        console.print(f"--force-new-spec: moved the runs of the previous spec to {moved}/", markup=False,
+                      soft_wrap=True)
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+
+    if args.fleets is not None and args.fleets < 1:
+        raise SpecError(f"--fleets must be a number of session-fleet actors >= 1, got {args.fleets}")
+    try:  # Ray only for the commands that need a cluster
+        from actors.cluster import ClusterUnreachable, ray_cluster
+        from actors.sweep import SweepError, check_sweepable, run_sweep
+    except ImportError as exc:
+        raise SpecError(f"loadgen sweep needs Ray ({exc}): pip install 'agent-loadgen[ray]'") from None
+    console = Console(stderr=True, quiet=args.quiet)
+    spec = load_spec(args.spec)
+    try:
+        check_sweepable(spec)
+    except SweepError as exc:
+        raise SpecError(f"{args.spec}: {exc}") from None
+    keys = _selected_runs(spec, args)
+    out = Path(args.out)
+    _claim_results_dir(out, spec, args.force_new_spec, console)
+    finished: list = []
+
+    def started(start) -> None:
+        where = start.placement
+        if where.get("node_ip"):
+            console.print(f"{start.key.run_id}: on {where['node_ip']}, GPUs {where.get('gpu_ids') or 'none'}")
+
+    def done(key, info) -> None:
+        finished.append((key, info))
+        counts = info.get("counts", {})
+        console.print(f"{key.run_id}: {info.get('status')}, {counts.get('turns_completed', 0)} turns"
+                      + (f" ({info.get('error')})" if info.get("error") else ""))
+
+    try:
+        with ray_cluster(args.address):
+            results = run_sweep(spec, out, keys, spec_dir=Path(args.spec).resolve().parent, num_fleets=args.fleets,
+                                on_run_start=started, on_run_done=done)
+    except SweepError as exc:
+        raise SpecError(f"{args.spec}: {exc}") from None
+    except ClusterUnreachable as exc:
+        raise SpecError(str(exc)) from None
+    console.print(f"{len(keys) - len(finished)} of {len(keys)} runs already completed (skipped), {len(finished)} ran")
+    failed = [info for info in results if info.get("status") != "completed"]
+    for info in failed:
+        console.print(f"[red]run {info['run_id']} failed:[/red] {info.get('error')}")
+    unreadable = _report(out, console, figures=not args.no_figures) if not args.no_report else []
+    return 1 if failed or unreadable else 0
+
+def _selected_runs(spec, args: argparse.Namespace) -> list:
+    """The spec's arms x seeds, narrowed by --seeds and --arms."""
+    from ..core.runner import run_keys
+
+    try:
+        seeds = parse_seeds(args.seeds) if args.seeds is not None else None
+    except ValueError as exc:
+        raise SpecError(f"--seeds: {exc}") from None
+    arms = args.arms.split(",") if args.arms else None
+    try:
+        return run_keys(spec, seeds, arms)
+    except (ValueError, KeyError) as exc:
+        raise SpecError(f"{args.spec}: {exc}") from None
+
+def _report(out: Path, console, figures: bool = True) -> list:
+    """Summary, tables and figures of ``out``; returns the runs it could not read (they are listed)."""
+    from rich.markup import escape
+
+    from ..analysis import ResultsError, format_outcome_table, format_recovery_table, write_summary
+    from ..core.runner import recover_runs
+
+    recovered = recover_runs(out)
+    if recovered:
+        console.print(f"recovered rows of interrupted runs: {', '.join(recovered)}")
+    try:
+        summary = write_summary(out)
+    except ResultsError as exc:
+        raise SpecError(str(exc)) from None
+    print(format_outcome_table(summary), flush=True)
+    recovery = format_recovery_table(summary)  # only when some arm has a controller or a control start
+    if recovery:
+        print("\n" + recovery, flush=True)
+    from ..analysis.latency import format_latency_table
+    from ..analysis.windows_table import write_missing_windows
+
+    latency = format_latency_table(summary)
+    if latency:
+        print("\n" + latency, flush=True)
+    written = write_missing_windows(out, summary)
+    if written:
+        console.print(f"windows.parquet written for {len(written)} runs that lacked it")
+    console.print(f"summary: {out / 'summary.json'}")
+    if figures:
+        from ..analysis.figures import write_figures
+
+        from ..analysis.latency_figures import write_latency_figures
+
+        paths = write_figures(out, summary) + write_latency_figures(out, summary)
+        if paths:
+            console.print(f"figures: {len(paths)} PNG files in {paths[0].parent}")
+    unreadable = summary.get("unreadable_runs") or []
+    for entry in unreadable:
+        console.print(f"[red]unreadable run {entry['run_id']}[/red] (left out of the tables): {escape(entry['error'])}",
+                      soft_wrap=True)
+    return unreadable
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ..analysis import ResultsError, check_results_dir
+
+    try:
+        out = check_results_dir(args.dir)
+    except ResultsError as exc:
+        raise SpecError(str(exc)) from None
+    arms = _compare_arms_arg(args.compare_arms) if args.compare_arms is not None else None
+    unreadable = _report(out, Console(stderr=True), figures=not args.no_figures)
+    if arms is not None:
+        import json
+
+        from ..analysis.uncertainty import compare_arms, format_arm_comparison
+
+        try:
+            comparison = compare_arms(json.loads((out / "summary.json").read_text()), *arms)
+        except ValueError as exc:
+            raise SpecError(f"--compare-arms: {exc}") from None
+        print("\n" + format_arm_comparison(comparison), flush=True)
+    return 1 if unreadable else 0
+
+def _compare_arms_arg(value: str) -> tuple[str, str]:
+    arms = [a.strip() for a in value.split(",")]
+    if len(arms) != 2 or not all(arms) or arms[0] == arms[1]:
+        raise SpecError(f"--compare-arms: expected two different arm names as A,B, got {value!r}")
+    return arms[0], arms[1]
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from ..core.spec import check_spec_files
+
+    spec = load_spec(args.spec)
+    check_spec_files(spec, Path(args.spec).resolve().parent, args.spec)
+    print(f"{args.spec}: ok: experiment {spec.experiment!r}, {len(spec.arms)} arms x {len(spec.seeds)} seeds, "
+          f"{spec.duration_s / 60:g} min per run")
+    return 0

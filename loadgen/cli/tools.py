@@ -1,0 +1,252 @@
+"""The other commands: the map, serve-sim, calibrate, cost-fit, compare and shapes."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from ..core.spec import SpecError, load_spec, parse_seeds
+from .runs import _endpoint_url
+
+
+def _cmd_map(args: argparse.Namespace) -> int:
+    from contextlib import nullcontext
+
+    import yaml
+
+    from ..core.clock import epoch_s
+    from ..map.bounds import spec_bounds
+    from ..map.grid import MapGrid, map_job, parse_controllers, parse_values
+    from ..map.report import summarize_map, write_map
+    from ..map.run import process_pool, run_map
+
+    spec = load_spec(args.spec)
+    spec_dir = Path(args.spec).resolve().parent
+    try:
+        grid = MapGrid(
+            rates_per_s=tuple(parse_values(args.rates, "--rates", 0.0, allow_minimum=False)),
+            trigger_factors=tuple(parse_values(args.trigger_factors, "--trigger-factors", 0.0)),
+            seeds=tuple(parse_seeds(args.seeds)), controllers=parse_controllers(args.controllers),
+            horizon_s=args.horizon_h * 3600, bisect_steps=args.bisect_steps, max_escape_rates=args.max_escape_rates)
+        job = map_job(spec, spec_dir, grid.trigger_factors)
+        bounds = spec_bounds(spec, spec.engine.load_cost_model(spec_dir))
+    except ValueError as exc:  # GridError, a bad --seeds, an unreadable cost model
+        raise SpecError(f"{args.spec}: {exc}") from None
+    if args.workers is not None and args.workers < 1:
+        raise SpecError(f"--workers must be >= 1, got {args.workers}")
+    if args.address or args.ray:
+        try:  # Ray only for the commands that need a cluster
+            from actors.cluster import ray_cluster
+            from actors.map import ray_executor
+        except ImportError as exc:
+            raise SpecError(f"loadgen map --address needs Ray ({exc}): pip install 'agent-loadgen[ray]'") from None
+        where, execute = ray_cluster(args.address), ray_executor()
+    else:
+        where, execute = nullcontext(), process_pool(args.workers)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_unset=True), sort_keys=False))
+    shown: dict = {}
+
+    def progress(phase: str, done: int, total: int) -> None:
+        # a line per tenth of a phase: enough to see it move, few enough for a log file
+        step = max(1, total // 10)
+        if not args.quiet and done and (done == total or done % step == 0) and shown.get(phase) != done:
+            shown[phase] = done
+            print(f"{phase}: {done}/{total} runs", file=sys.stderr, flush=True)
+
+    start_s = epoch_s()
+    try:
+        with where:
+            store, ran = run_map(job, grid, out, execute, progress)
+    except ValueError as exc:  # an unreadable outcome table
+        raise SpecError(str(exc)) from None
+    wall_s = epoch_s() - start_s
+    summary = summarize_map(job, grid, list(store.rows.values()), bounds)
+    write_map(out, summary)
+    print(summary["report"], flush=True)
+    num_ran = sum(ran.values())
+    if num_ran:
+        print(f"ran {num_ran} runs ({', '.join(f'{k} {v}' for k, v in ran.items())}) in {wall_s:.1f} s: "
+              f"{num_ran / max(wall_s, 1e-9):.2f} runs/s", file=sys.stderr)
+    else:
+        print("the map is complete: nothing to run, redrawn from outcomes.parquet", file=sys.stderr)
+    print(f"map: {out / 'map.json'}, outcomes: {out / 'outcomes.parquet'}", file=sys.stderr)
+    if not args.no_figures:
+        from ..map.figures import write_map_figures
+
+        paths = write_map_figures(summary, out)
+        print(f"figures: {len(paths)} PNG files in {paths[0].parent}", file=sys.stderr)
+    return 1 if summary["num_failed"] else 0
+
+def _cmd_cost_fit(args: argparse.Namespace) -> int:
+    from ..sim.cost import CALIBRATION_QWEN3_8B_MI300X, fit_cost_model
+
+    print(fit_cost_model(CALIBRATION_QWEN3_8B_MI300X, name="qwen3-8b-mi300x").table())
+    return 0
+
+def _cmd_serve_sim(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from ..live.serve_sim import SimServer, check_options, serve
+    from ..sim import EngineConfig, StepCostModel
+    from ..core.spec import SimEngineSpec
+
+    try:
+        check_options(args.port, args.pool_tokens, args.block_size, args.max_num_batched_tokens, args.max_model_len,
+                      flavor=args.flavor, page_size=args.page_size)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    if args.time_scale <= 0:
+        raise SpecError(f"--time-scale must be > 0, got {args.time_scale}")
+    try:
+        cost = (StepCostModel(0.0, 0.0, 0.0, 0.0, name="zero") if args.zero_cost
+                else SimEngineSpec(cost_model=args.cost_model).load_cost_model(Path.cwd()))
+    except ValueError as exc:
+        raise SpecError(f"--cost-model: {exc}") from None
+    config = EngineConfig(num_blocks=args.pool_tokens // args.block_size, block_size=args.block_size,
+                          max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+                          enable_prefix_caching=not args.no_prefix_caching)
+    if args.offload_cpu_tokens is not None:  # the CPU tier with its documented copy-cost defaults
+        try:
+            offload = SimEngineSpec(pool_tokens=config.pool_tokens, block_size=args.block_size,
+                                    enable_prefix_caching=not args.no_prefix_caching,
+                                    offload={"cpu_tokens": args.offload_cpu_tokens}).offload_config()
+        except ValueError as exc:
+            raise SpecError(f"--offload-cpu-tokens: {str(exc).splitlines()[-1].strip()}") from None
+        config = dataclasses.replace(config, offload=offload)
+    if args.flavor == "sglang":
+        from ..core.runner import engine_config
+
+        if args.offload_cpu_tokens is not None:
+            raise SpecError("--offload-cpu-tokens models vLLM's offloading: it needs --flavor vllm")
+        try:  # the same engine a spec's {kind: sim, flavor: sglang} builds, so both runs agree
+            config = engine_config(SimEngineSpec(
+                flavor="sglang", pool_tokens=args.pool_tokens, max_num_batched_tokens=args.max_num_batched_tokens,
+                max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching,
+                sglang={"page_size": args.page_size, "schedule_policy": args.schedule_policy}))
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            raise SpecError(f"serve-sim --flavor sglang: {str(exc).splitlines()[-1].strip()}") from None
+    tokenizer = None
+    if args.tokenizer:
+        from ..live.tokenizer import LocalTokenizer, TokenizerError
+
+        try:
+            tokenizer = LocalTokenizer(args.tokenizer)
+        except TokenizerError as exc:
+            raise SpecError(f"--tokenizer: {exc}") from None
+    server = SimServer(config, cost, time_scale=args.time_scale, model=args.model, tokenizer=tokenizer,
+                       chat_only=args.chat_only)
+
+    async def main() -> None:
+        await serve(server, args.host, args.port)
+        print(f"serve-sim: http://{args.host}:{args.port} ({args.flavor}, model {args.model!r}, "
+              f"pool {config.pool_tokens} tokens, cost {cost.name}, time x{args.time_scale:g})", flush=True)
+        await asyncio.Event().wait()
+
+    try:
+        asyncio.run(main())
+    except OSError as exc:
+        raise SpecError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    return 0
+
+SHAPE_NAMES = ("swebench", "tracelab-synthetic")
+
+def _column(text: str) -> tuple[str, str]:
+    field, sep, column = text.partition("=")
+    if not sep or not field or not column:
+        raise SpecError(f"--column expects FIELD=COLUMN (the format's field name = the dataset's column), got {text!r}")
+    return field, column
+
+def _cmd_shapes(args: argparse.Namespace) -> int:
+    import json
+
+    import numpy as np
+
+    from trace_shapes import (LoaderOptions, TraceLabLikeSessions, describe_sessions, format_description, load_hf,
+                              load_swebench, load_trace, select_models)
+
+    for flag, values in (("--truncate-at", [args.truncate_at]), ("--over", args.over or []),
+                         ("--num-sessions", [args.num_sessions]), ("--block-tokens", [args.block_tokens]),
+                         ("--default-output-tokens", [args.default_output_tokens] if args.default_output_tokens else [])):
+        for value in values:
+            if value <= 0:
+                raise SpecError(f"{flag} must be a positive number of {'sessions' if flag == '--num-sessions' else 'tokens'}, "
+                                f"got {value}")
+    try:
+        if args.source == "swebench":
+            trace = load_swebench()
+            sessions, notes = trace.sessions, trace.notes
+        elif args.source == "tracelab-synthetic":
+            generator, rng = TraceLabLikeSessions(), np.random.default_rng(args.seed)
+            sessions = [generator.record(rng, f"tracelab-like-{i}") for i in range(args.num_sessions)]
+            notes = (f"{args.num_sessions} sessions generated from TraceLab's published statistics, seed {args.seed}",)
+        else:
+            options = LoaderOptions(args.tokenizer, args.default_output_tokens, args.block_tokens)
+            columns = dict(_column(c) for c in args.column or [])
+            if args.source.startswith("hf:") or Path(args.source).is_dir() or columns:
+                # a Hugging Face dataset: its format defaults to the generic one-call-a-row format
+                trace = load_hf(args.source.removeprefix("hf:"), args.format or "calls", args.split,
+                                args.config, columns, options)
+            else:
+                trace = load_trace(args.source, args.format or "shapes", options)
+            sessions, notes = trace.sessions, trace.notes
+        sessions = select_models(sessions, args.model)
+    except ValueError as exc:
+        hint = "" if Path(args.source).exists() else f" (names: {', '.join(SHAPE_NAMES)})"
+        raise SpecError(f"{exc}{hint}") from None
+    description = describe_sessions(sessions, args.truncate_at, args.over or [38_000], name=args.source)
+    print(json.dumps(description, indent=1) if args.json else format_description(description, notes))
+    return 0
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
+    from ..live.calibrate import CalibrationPlan, calibrate
+    from ..core.clock import WallClock
+    from ..live.http_client import EndpointOptions, OpenAIEngineClient, PreflightError
+
+    url = _endpoint_url(args.endpoint)
+    plan = CalibrationPlan(repeats=args.repeats, chunk_tokens=args.max_num_batched_tokens)
+    out = Path(args.out)
+
+    async def main():
+        client = OpenAIEngineClient(WallClock(), EndpointOptions(url=url, model=args.model))
+        try:
+            return await calibrate(client, plan, name=args.name or out.stem, time_scale=args.time_scale,
+                                   log=lambda msg: print(msg, file=sys.stderr, flush=True))
+        finally:
+            await client.close()
+
+    try:
+        result = asyncio.run(main())
+    except PreflightError as exc:
+        raise SpecError(str(exc)) from None
+    out.write_text(json.dumps(result.fit.model.to_json(), indent=1) + "\n")
+    report = {"cost_model": result.fit.model.to_json(), "pool_tokens": result.pool_tokens,
+              "block_size": result.block_size, "max_num_batched_tokens": plan.chunk_tokens,
+              "request_overhead_s": result.fit.request_overhead_s, "rows": result.fit.rows}
+    out.with_suffix(".fit.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(result.fit.table())
+    print(f"pool {result.pool_tokens} tokens, block size {result.block_size}; wrote {out} "
+          f"(use it as engine.cost_model) and {out.with_suffix('.fit.json')}")
+    return 0
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from ..analysis.compare import compare_runs, format_comparison, write_comparison
+
+    for d in (args.real_dir, args.sim_dir):
+        if not (Path(d) / "runs").is_dir():
+            raise SpecError(f"{d}: not a results directory (no runs/ folder)")
+    try:
+        result = compare_runs(Path(args.real_dir), Path(args.sim_dir), width_s=args.window_min * 60)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    print(format_comparison(result), flush=True)
+    out = Path(args.out) if args.out else Path(args.real_dir) / "compare"
+    paths = write_comparison(result, out)
+    print(f"wrote {out / 'compare.json'} and {len(paths)} figures", file=sys.stderr)
+    return 0
