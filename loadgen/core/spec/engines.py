@@ -1,0 +1,265 @@
+"""Engine specs: the simulated engine (vLLM or SGLang flavour, CPU offload tier), an OpenAI-compatible
+endpoint, and servers that `loadgen sweep` launches."""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from ...sim.cost import PRESETS, StepCostModel
+from ...sim.offload import (DEFAULT_BANDWIDTH_BYTES_PER_S, DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_LATENCY_S,
+                           OffloadConfig)
+
+from .base import _Model
+
+
+class SGLangOptionsSpec(_Model):
+    """SGLang's server arguments for the sglang flavour (SGLang 0.5.x's names and defaults;
+    docs/engine-model.md#sglang-flavour). Chunks are ``max_num_batched_tokens`` tokens
+    (``--chunked-prefill-size``) and at most ``max_num_seqs`` requests run."""
+
+    page_size: int = Field(1, gt=0, description="Tokens per radix-tree page (--page-size).")
+    schedule_policy: Literal["fcfs", "lpm"] = Field("fcfs", description="Waiting-queue order (--schedule-policy).")
+    max_prefill_tokens: int = Field(16384, gt=0, description="Tokens one prefill batch may take (--max-prefill-tokens).")
+    init_new_token_ratio: float = Field(
+        0.7, gt=0, le=1, description="Share of each running request's remaining output reserved at admission, "
+                                     "at start and after a flush (SGLANG_INIT_NEW_TOKEN_RATIO).")
+    min_new_token_ratio_factor: float = Field(0.14, gt=0, le=1, description="The ratio decays to init x this.")
+    new_token_ratio_decay_steps: int = Field(600, gt=0, description="Decode steps from init to min.")
+    retract_decode_steps: int = Field(20, ge=0, description="Decode steps per request assumed after a retraction.")
+
+
+class OffloadSpec(_Model):
+    """A CPU KV tier behind the GPU pool, as vLLM's native offloading (``--kv-offloading-size``,
+    OffloadingConnector with the CPU backend): docs/engine-model.md#cpu-kv-offload-tier."""
+
+    cpu_tokens: int = Field(..., gt=0, description="Host tier size in tokens (cpu_bytes_to_use / KV bytes per token); "
+                                                   "900000 is ~124 GiB for Qwen3-8B at 144 KiB/token.")
+    bandwidth_bytes_per_s: float = Field(
+        DEFAULT_BANDWIDTH_BYTES_PER_S, gt=0,
+        description="Host<->GPU copy bandwidth (default 50 GB/s: PCIe 5.0 x16, 64 GB/s raw per direction).")
+    latency_s: float = Field(DEFAULT_LATENCY_S, ge=0, description="Fixed cost of one copy job (launch and poll).")
+    kv_bytes_per_token: int = Field(DEFAULT_KV_BYTES_PER_TOKEN, gt=0,
+                                    description="KV bytes of one token (default Qwen3-8B BF16: 147456 = 144 KiB).")
+
+
+class SimEngineSpec(_Model):
+    kind: Literal["sim"] = "sim"
+    flavor: Literal["vllm", "sglang"] = Field(
+        "vllm", description="Which engine the simulator models: vLLM v1 (block pool) or SGLang (radix cache).")
+    sglang: SGLangOptionsSpec = Field(default_factory=SGLangOptionsSpec,
+                                      description="SGLang's own knobs (flavor sglang only).")
+    pool_tokens: int = Field(400_000, gt=0, description="KV pool C in tokens (num_gpu_blocks x block_size).")
+    block_size: int = Field(16, gt=0, description="Tokens per KV block (16 on GPUs, 128 on CPU vLLM).")
+    max_num_batched_tokens: int = Field(8192, gt=0, description="Token budget of one engine step.")
+    max_num_seqs: int = Field(1024, gt=0, description="Most requests running at once.")
+    max_model_len: int = Field(40960, gt=0, description="Longest prompt + output a request may have.")
+    enable_prefix_caching: bool = Field(True, description="Automatic prefix caching on/off (off is the control).")
+    reserve_full_prompt: bool = Field(
+        True, description="Admit a waiting request only if its whole prompt fits (vLLM 0.33); "
+                          "false: hit + first chunk (vLLM 0.11).")
+    cost_model: Union[str, dict] = Field(
+        "qwen3-8b-mi300x",
+        description="Step-cost model: a preset name, a path to a cost.json, or the constants inline.")
+    offload: Optional[OffloadSpec] = Field(
+        None, description="A CPU KV offload tier (flavor vllm), e.g. {cpu_tokens: 900000}; default: none.")
+
+    @field_validator("cost_model")
+    @classmethod
+    def _check_cost(cls, value: Union[str, dict]) -> Union[str, dict]:
+        if isinstance(value, dict):
+            StepCostModel.from_json(value)
+        elif value not in PRESETS and not value.endswith(".json"):
+            raise ValueError(f"unknown cost-model preset {value!r}; valid presets: {sorted(PRESETS)} "
+                             "(or a path to a cost.json)")
+        return value
+
+    @model_validator(mode="after")
+    def _check_pool(self) -> "SimEngineSpec":
+        if self.pool_tokens % self.block_size:
+            raise ValueError(f"pool_tokens ({self.pool_tokens}) must be a multiple of block_size ({self.block_size})")
+        if self.flavor == "sglang" and not self.enable_prefix_caching:
+            raise ValueError("flavor sglang models the radix cache: enable_prefix_caching false (SGLang's "
+                             "--disable-radix-cache) is not modelled")
+        # A resolved spec (DIR/spec.yaml, run.json) writes the default block out; only settings count.
+        if self.flavor != "sglang" and self.sglang != SGLangOptionsSpec():
+            raise ValueError("engine.sglang applies to flavor sglang only")
+        if self.offload is not None:
+            if self.flavor != "vllm":
+                raise ValueError("offload: the CPU offload tier models vLLM's OffloadingConnector (flavor vllm)")
+            if not self.enable_prefix_caching:
+                raise ValueError("offload: the CPU tier finds blocks by their prefix-cache hashes: it needs "
+                                 "enable_prefix_caching true")
+            if self.offload.cpu_tokens < self.block_size:
+                raise ValueError(f"offload: cpu_tokens ({self.offload.cpu_tokens}) holds no whole block of "
+                                 f"block_size {self.block_size}")
+        return self
+
+    def offload_config(self) -> Optional[OffloadConfig]:
+        """The engine's host tier: cpu_tokens // block_size blocks (vLLM rounds bytes down to blocks)."""
+        o = self.offload
+        if o is None:
+            return None
+        return OffloadConfig(o.cpu_tokens // self.block_size, o.bandwidth_bytes_per_s, o.latency_s,
+                             o.kv_bytes_per_token)
+
+    def load_cost_model(self, base_dir: Optional[Path] = None) -> StepCostModel:
+        if isinstance(self.cost_model, dict):
+            return StepCostModel.from_json(self.cost_model)
+        if self.cost_model in PRESETS:
+            return PRESETS[self.cost_model]
+        path = Path(self.cost_model)
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        return StepCostModel.from_file(path)
+
+
+class RetrySpec(_Model):
+    max_attempts: int = Field(3, ge=1, description="Tries per turn (first try included).")
+    backoff_s: float = Field(1.0, ge=0, description="Wait before the 2nd try; doubles after each failure.")
+
+
+class OpenAIEngineSpec(_Model):
+    """A real server: vLLM, SGLang or any OpenAI-compatible endpoint."""
+
+    kind: Literal["openai"] = "openai"
+    url: str = Field(..., description="Base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted and dropped).")
+    model: Optional[str] = Field(None, description="Served model name; default: the first one /v1/models lists.")
+    api_key_env: Optional[str] = Field(None, description="Name of the environment variable holding the API key.")
+    pool_tokens: Optional[int] = Field(None, gt=0, description="KV pool C; default: read from the server's /metrics.")
+    prompt_mode: Literal["auto", "token_ids", "text"] = Field(
+        "auto", description="Send token-id prompts; 'auto' falls back to text if the server refuses ids.")
+    server: Literal["auto", "vllm", "sglang"] = Field("auto", description="Which flush API and metric names.")
+    request_timeout_s: float = Field(600.0, gt=0, description="Give up on one request after this long.")
+    retry: RetrySpec = Field(default_factory=RetrySpec, description="Per-turn retry policy.")
+    engine_gone_after_s: float = Field(
+        60.0, gt=0, description="End the run (status engine_lost) when every request failed for this long.")
+    max_connections: int = Field(4096, gt=0, description="Connection pool size.")
+    flush_before_run: bool = Field(True, description=(
+        "Reset the prefix cache before each run (a fresh engine); a failed reset stops the run "
+        "(vLLM needs VLLM_SERVER_DEV_MODE=1). false: run on whatever the server has cached."))
+    api: Literal["completions", "chat"] = Field(
+        "completions", description=(
+            "completions: /v1/completions with token-id prompts; chat: /v1/chat/completions with a message list "
+            "per session, built to exact token lengths (docs/chat.md)."))
+    tokenizer: Optional[str] = Field(None, description=(
+        "A tokenizer.json or a model directory holding one (and its chat template): counts the text prompts of "
+        "api chat and of the completions text fallback; default: the server's /tokenize. A relative path is "
+        "relative to the spec's directory."))
+    session_header: Optional[str] = Field(None, description=(
+        "An HTTP header carrying each session's id (RUN_ID/SESSION_ID, the same on every turn), e.g. "
+        "X-Session-ID, so a router (llm-d, SGLang router, Dynamo) keeps a session on one replica."))
+    metrics_urls: Optional[list[str]] = Field(None, description=(
+        "The base URLs of the replicas behind url (a router): /metrics is scraped from each and summed into "
+        "samples.parquet (each replica's in replica_samples.parquet), their pools summed into C, and "
+        "prefix-cache resets sent to each."))
+
+    @field_validator("url", mode="before")
+    @classmethod
+    def _base_url(cls, value: Any) -> Any:
+        return normalize_endpoint_url(value) if isinstance(value, str) else value
+
+    @field_validator("session_header")
+    @classmethod
+    def _header_name(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not _HTTP_TOKEN.fullmatch(value):
+            raise ValueError(f"{value!r} is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~, "
+                             "e.g. X-Session-ID)")
+        return value
+
+    @field_validator("metrics_urls", mode="before")
+    @classmethod
+    def _replica_urls(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        if not value:
+            raise ValueError("an empty list: give the replicas' base URLs, or leave metrics_urls out")
+        urls = []
+        for i, url in enumerate(value):
+            if not isinstance(url, str):
+                raise ValueError(f"[{i}]: expected a URL string, got {url!r}")
+            try:  # a replica's /metrics URL is accepted for its base URL, as a /v1 suffix is
+                urls.append(normalize_endpoint_url(url.strip().rstrip("/").removesuffix("/metrics")))
+            except ValueError as exc:
+                raise ValueError(f"[{i}]: {exc}") from None
+        if len(set(urls)) < len(urls):
+            raise ValueError(f"a replica is listed twice: {urls}")
+        return urls
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer_exists(cls, value: Optional[str], info: ValidationInfo) -> Optional[str]:
+        if value is None:
+            return None
+        path = Path(value).expanduser()
+        base_dir = (info.context or {}).get("base_dir")
+        if not path.is_absolute() and base_dir is not None:
+            path = Path(base_dir) / path
+        if not (path.is_file() or (path / "tokenizer.json").is_file()):
+            raise ValueError(f"no tokenizer.json at {path} (expected a tokenizer.json file or a model directory "
+                             "holding one)")
+        return str(path.resolve())
+
+
+# an HTTP header name (RFC 9110 token)
+_HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def normalize_endpoint_url(url: str) -> str:
+    """The server's base URL, ``http(s)://HOST[:PORT][/PREFIX]``, without a trailing slash.
+
+    A trailing ``/v1`` is accepted and dropped: OpenAI clients are configured with it, and the
+    client adds ``/v1/completions`` itself (keeping it would request ``/v1/v1/completions``).
+    ValueError says what was wrong and what is expected.
+    """
+    text = url.strip()
+    if "://" not in text:
+        raise ValueError(f"{url!r} has no scheme: expected a URL like http://{text or '127.0.0.1:8000'}")
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"{url!r}: expected an http:// or https:// URL, got scheme {parts.scheme!r}")
+    try:
+        parts.port  # noqa: B018 (parses the port: urlsplit alone accepts http://host:99999)
+    except ValueError:
+        raise ValueError(f"{url!r}: the port is not a number from 0 to 65535") from None
+    if not parts.hostname:
+        raise ValueError(f"{url!r} names no host: expected e.g. http://127.0.0.1:8000")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{url!r}: expected a base URL without ?query or #fragment")
+    path = parts.path.rstrip("/").removesuffix("/v1")
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+class LaunchedEngineSpec(_Model):
+    """A server ``loadgen sweep`` launches itself, a fresh one per run, each on its own GPU(s) of a
+    Ray cluster (actors/engine.py): vLLM, SGLang, or serve-sim (the simulated engine behind
+    vLLM's API, so the whole path runs on a laptop). The flags loadgen needs (prefix caching,
+    cached-token reports, metrics, host, port, served name) are added; ``flags`` are appended."""
+
+    kind: Literal["vllm", "sglang", "serve_sim"]
+    model: str = Field("sim", description="Model to serve: a path or hub name (vllm, sglang); serve_sim: its name.")
+    served_model_name: Optional[str] = Field(None, description="Name the server answers to; default: model.")
+    flags: list[str] = Field(default_factory=list,
+                             description="Extra server flags, verbatim, e.g. [--max-model-len, '40960'].")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the server.")
+    python: Optional[str] = Field(
+        None, description="Interpreter that has vLLM/SGLang on the GPU nodes; default: the Ray worker's.")
+    num_gpus: int = Field(1, ge=0, description="GPUs each engine reserves (0: serve_sim on a machine without GPUs).")
+    startup_timeout_s: float = Field(1800.0, gt=0, description="Fail the run if the server is not healthy by then.")
+    simulator: SimEngineSpec = Field(default_factory=SimEngineSpec,
+                                     description="serve_sim only: the simulated engine it serves.")
+    pool_tokens: Optional[int] = Field(None, gt=0, description="KV pool C; default: read from the server's /metrics.")
+    request_timeout_s: float = Field(600.0, gt=0, description="Give up on one request after this long.")
+    retry: RetrySpec = Field(default_factory=RetrySpec, description="Per-turn retry policy.")
+    flush_before_run: bool = Field(True, description="Reset the prefix cache before each run (after warm-up probes).")
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.model
+
+
+EngineSpec = Annotated[Union[SimEngineSpec, OpenAIEngineSpec, LaunchedEngineSpec], Field(discriminator="kind")]
