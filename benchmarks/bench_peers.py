@@ -140,7 +140,7 @@ def guidellm(url: str, api: str, tokenizer: Path, num_prompts: int, venv: Path) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=float, default=30.0, help="seconds of each of our closed-loop runs")
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of each of our closed-loop runs")
     parser.add_argument("--num-prompts", type=int, default=30000, help="requests of each vllm bench serve run")
     parser.add_argument("--vllm-python", help="python with vllm (default: tests/live/vllm_cpu.py's venv)")
     parser.add_argument("--peers-venv", type=Path, help="a throwaway venv with aiperf and guidellm (never a "
