@@ -64,7 +64,7 @@ def test_ray_job_submit_runs_a_simulated_sweep(tmp_path):
                                   str(REPO), "--", "loadgen", "sweep", str(spec_path), "--out", str(out),
                                   "--no-figures"],
                                  env=env, capture_output=True, text=True, timeout=300)
-            if job.returncode == 0 or "No available agent" not in job.stderr:
+            if job.returncode == 0 or "No available agent" not in job.stdout + job.stderr:
                 break
             time.sleep(3)
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
