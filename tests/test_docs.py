@@ -105,7 +105,7 @@ def test_the_link_check_catches_broken_links(text, expected):
 
 
 def test_the_reference_scan_finds_outside_files():
-    assert [m.group(1) for m in MD_NAME.finditer("as SPEC.md section 7 says; docs/experiments.md#measurements")] \
-        == ["SPEC.md", "docs/experiments.md"]
+    assert [m.group(1) for m in MD_NAME.finditer("as OUTSIDE-NOTES.md section 7 says; docs/experiments.md#measurements")] \
+        == ["OUTSIDE-NOTES.md", "docs/experiments.md"]
     assert [m.group(0) for m in DOCS_REF.finditer("(docs/engine-model.md#calibration).")] \
         == ["docs/engine-model.md#calibration"]
