@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .records import RecordedSession
-from .rows import LoaderOptions, Row, RowSource, TraceFormatError
+from .rows import LoaderOptions, Row, RowSource, TraceFormatError, gap_between
 
 
 @dataclass
@@ -144,14 +144,10 @@ class _Reader:
                 prompts.append(context)
                 context += turn.output_tokens
                 if k:
-                    before = session.turns[k - 1]
-                    if turn.delay_s is not None:
-                        gaps.append(turn.delay_s)
-                    elif turn.timestamp_s is not None and before.timestamp_s is not None:
-                        gaps.append(max(turn.timestamp_s - before.timestamp_s, 0.0))
-                        num_timestamp_gaps += 1
-                    else:
-                        gaps.append(None)
+                    gap, from_timestamps = gap_between(turn.delay_s, session.turns[k - 1].timestamp_s,
+                                                       turn.timestamp_s)
+                    gaps.append(gap)
+                    num_timestamp_gaps += from_timestamps
             key = (hashlib.sha256(session.system_text.encode()).hexdigest()[:16]
                    if session.system_text is not None else None)
             result.append(RecordedSession(session_id, "unknown", tuple(prompts),

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .records import RecordedSession
-from .rows import LoaderOptions, RowSource
+from .rows import LoaderOptions, RowSource, gap_between
 
 
 @dataclass
@@ -82,13 +82,9 @@ def read_calls(rows: RowSource, options: LoaderOptions) -> tuple[list[RecordedSe
             continue
         gaps: list[Optional[float]] = []
         for before, after in zip(session_calls, session_calls[1:]):
-            if after.gap_s is not None:
-                gaps.append(after.gap_s)
-            elif after.timestamp_s is not None and before.timestamp_s is not None:
-                gaps.append(max(after.timestamp_s - before.timestamp_s, 0.0))
-                num_start_gaps += 1
-            else:
-                gaps.append(None)
+            gap, from_timestamps = gap_between(after.gap_s, before.timestamp_s, after.timestamp_s)
+            gaps.append(gap)
+            num_start_gaps += from_timestamps
         sessions.append(RecordedSession(session_id, session_calls[0].model, tuple(prompts),
                                         tuple(c.output_tokens for c in session_calls), tuple(gaps)))
     notes = []

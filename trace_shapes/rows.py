@@ -105,6 +105,17 @@ class Row:
 _ISO_FRACTION = re.compile(r"(\.\d+)")
 
 
+def gap_between(explicit_s: Optional[float], before_ts: Optional[float],
+                after_ts: Optional[float]) -> tuple[Optional[float], bool]:
+    """The gap before a call: its recorded gap, else the (non-negative) difference of start
+    timestamps, which includes the model's latency, else None. The flag says timestamps were used."""
+    if explicit_s is not None:
+        return explicit_s, False
+    if before_ts is not None and after_ts is not None:
+        return max(after_ts - before_ts, 0.0), True
+    return None, False
+
+
 def _parse_iso_s(text: str) -> Optional[float]:
     # Python 3.10's fromisoformat takes neither "Z" nor 7-digit (.NET) fractions; normalise both.
     text = text.strip().replace("Z", "+00:00").replace("z", "+00:00")
