@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import threading
 
 import pytest
 
-from tests.servers import free_port, start_server
+from tests.servers import ThreadedProxy, free_port, start_server
 
 
 class ServeSim:
@@ -40,7 +39,7 @@ def serve_sim_factory():
         server.kill()
 
 
-class FaultProxy:
+class FaultProxy(ThreadedProxy):
     """Forwards to ``upstream``; every ``every``-th /v1/completions fails with ``mode``:
     ``500`` (an HTTP 500) or ``hang`` (never answers)."""
 
@@ -50,51 +49,16 @@ class FaultProxy:
         self.every = every
         self.num_completions = 0
         self.num_faults = 0
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        self._ready.wait(10)
+        super().__init__()
 
-    def _run(self) -> None:
-        from aiohttp import ClientSession, web
+    async def route(self, request):
+        from aiohttp import web
 
-        async def handle(request: web.Request) -> web.StreamResponse:
-            if request.path == "/v1/completions":
-                self.num_completions += 1
-                if self.num_completions > 3 and self.num_completions % self.every == 0:  # spare the preflight
-                    self.num_faults += 1
-                    if self.mode == "500":
-                        return web.Response(status=500, text="injected failure")
-                    await asyncio.sleep(3600)
-            body = await request.read()
-            async with ClientSession() as session:
-                async with session.request(request.method, self.upstream + request.path_qs, data=body,
-                                           headers={k: v for k, v in request.headers.items()
-                                                    if k.lower() not in ("host", "content-length")}) as up:
-                    resp = web.StreamResponse(status=up.status, headers={"Content-Type": up.content_type})
-                    await resp.prepare(request)
-                    async for chunk in up.content.iter_any():
-                        await resp.write(chunk)
-                    await resp.write_eof()
-                    return resp
-
-        async def main() -> None:
-            app = web.Application()
-            app.router.add_route("*", "/{tail:.*}", handle)
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", self.port).start()
-            self._ready.set()
-            await asyncio.Event().wait()
-
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_until_complete(main())
-        except RuntimeError:
-            pass
-
-    def close(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        if request.path == "/v1/completions":
+            self.num_completions += 1
+            if self.num_completions > 3 and self.num_completions % self.every == 0:  # spare the preflight
+                self.num_faults += 1
+                if self.mode == "500":
+                    return web.Response(status=500, text="injected failure")
+                await asyncio.sleep(3600)
+        return self.upstream

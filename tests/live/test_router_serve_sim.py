@@ -5,9 +5,7 @@ replica in replica_samples.parquet (loadgen/live/replicas.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 
 import pyarrow.parquet as pq
 import pytest
@@ -17,14 +15,14 @@ from loadgen.core.runner import RunKey
 from loadgen.core.spec import OpenAIEngineSpec, parse_spec
 from loadgen.live.runner import run_live
 from tests.conftest import make_spec_dict
-from tests.servers import free_port
+from tests.servers import ThreadedProxy
 
 TIME_SCALE = 30.0
 SYSTEM_PROMPT_TOKENS = 2000  # the tiny spec's default; a multiple of the block size (16)
 HEADER = "X-Session-ID"
 
 
-class Router:
+class Router(ThreadedProxy):
     """Forwards every request to one of ``upstreams``: a request carrying ``header`` goes where the
     first request with that value went (new values in turn, round robin), any other request to the
     next upstream in turn. Records where each session value went."""
@@ -35,12 +33,7 @@ class Router:
         self.sticky: dict[str, int] = {}  # header value -> upstream index, in order of first sight
         self.completions: list[tuple[str, int]] = []  # (header value or "", upstream) per completion
         self._next = 0
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        threading.Thread(target=self._run, daemon=True).start()
-        assert self._ready.wait(10)
+        super().__init__()
 
     def _pick(self, value: str) -> int:
         if value and value in self.sticky:
@@ -51,46 +44,12 @@ class Router:
             self.sticky[value] = index
         return index
 
-    def _run(self) -> None:
-        from aiohttp import ClientSession, web
-
-        async def handle(request: web.Request) -> web.StreamResponse:
-            value = request.headers.get(self.header, "")
-            index = self._pick(value)
-            if request.path.endswith("/completions"):
-                self.completions.append((value, index))
-            body = await request.read()
-            async with ClientSession() as session:
-                async with session.request(request.method, self.upstreams[index] + request.path_qs, data=body,
-                                           headers={k: v for k, v in request.headers.items()
-                                                    if k.lower() not in ("host", "content-length")}) as up:
-                    resp = web.StreamResponse(status=up.status, headers={"Content-Type": up.content_type})
-                    try:
-                        await resp.prepare(request)
-                        async for chunk in up.content.iter_any():
-                            await resp.write(chunk)
-                        await resp.write_eof()
-                    except ConnectionResetError:  # the client hung up (the run ended mid-turn)
-                        pass
-                    return resp
-
-        async def main() -> None:
-            app = web.Application(client_max_size=64 * 2**20)
-            app.router.add_route("*", "/{tail:.*}", handle)
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", self.port).start()
-            self._ready.set()
-            await asyncio.Event().wait()
-
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_until_complete(main())
-        except RuntimeError:
-            pass
-
-    def close(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
+    async def route(self, request) -> str:
+        value = request.headers.get(self.header, "")
+        index = self._pick(value)
+        if request.path.endswith("/completions"):
+            self.completions.append((value, index))
+        return self.upstreams[index]
 
 
 def live_spec(url: str, **engine):
