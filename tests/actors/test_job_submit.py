@@ -53,6 +53,12 @@ def test_ray_job_submit_runs_a_simulated_sweep(tmp_path):
     log = open(tmp_path / "head.log", "w")
     head = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--block", "--port", str(free_port()),
                              "--dashboard-port", str(dashboard), "--include-dashboard=true", "--num-cpus", "2",
+                             # Another Ray instance on this machine (the session fixture's, a user's)
+                             # holds the default agent ports; the job agent then never comes up.
+                             *(arg for flag in ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+                                                "--metrics-export-port", "--runtime-env-agent-port",
+                                                "--ray-client-server-port")
+                               for arg in (flag, str(free_port()))),
                              "--num-gpus", "0", "--object-store-memory", str(200 * 2**20), "--disable-usage-stats",
                              "--temp-dir", temp_dir],
                             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=tmp_path)
