@@ -46,6 +46,9 @@ def _refused(proc, *expected):
     (["--endpoint", "http://127.0.0.1:99999"], "--endpoint: 'http://127.0.0.1:99999': the port is not a number"),
     (["--time-scale", "20"], "--time-scale applies to live runs only (with --endpoint URL, or a spec whose engine "
                              "is kind openai)"),
+    (["--cost-model", "nosuch-preset"], "--cost-model: cost model file nosuch-preset: cannot read JSON"),
+    (["--cost-model", "vllm-cpu-tiny-qwen3", "--endpoint", "http://127.0.0.1:8000"],
+     "--cost-model applies to simulated runs; --endpoint runs engine kind 'openai'"),
 ])
 def test_bad_run_flags_are_refused_before_anything_runs(tmp_path, flags, expected):
     spec = _spec_file(tmp_path)
@@ -138,6 +141,24 @@ def test_a_notebook_gets_the_error_loadgen_report_prints(tmp_path):
     (tmp_path / "not-results").mkdir()
     with pytest.raises(ResultsError, match="is not a results directory \\(no runs/ folder\\)"):
         load_results(tmp_path / "not-results")
+
+
+def test_calibrate_needs_an_output_or_a_model_to_check_before_it_connects(tmp_path):
+    _refused(_loadgen("calibrate", "--endpoint", "http://127.0.0.1:9"), "give --out (the cost.json to write), "
+                                                                        "--check COST_MODEL, or both")
+    _refused(_loadgen("calibrate", "--endpoint", "http://127.0.0.1:9", "--check", str(tmp_path / "none.json")),
+             "--check: cost model file", "(or a preset: ")
+
+
+def test_a_calibrated_cost_model_goes_into_the_runs_spec(tmp_path):
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"t0_s": 0.002, "a_s_per_token": 2e-5, "b_s_per_token2": 1e-9,
+                                "g_s_per_token": 1e-7, "name": "measured"}))
+    proc = _loadgen("run", str(_spec_file(tmp_path)), "--out", str(tmp_path / "res"), "--quiet", "--no-report",
+                    "--cost-model", str(cost))
+    assert proc.returncode == 0, proc.stderr
+    recorded = yaml.safe_load((tmp_path / "res" / "spec.yaml").read_text())
+    assert recorded["engine"]["cost_model"] == json.loads(cost.read_text())
 
 
 # one representative mistake per subcommand; argparse's own usage errors are included

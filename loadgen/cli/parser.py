@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--time-scale", type=float, help="compress every workload time X-fold (live runs only)")
     run.add_argument("--api", choices=("completions", "chat"),
                      help="the endpoint's API for a live run (default: the spec's engine.api, else completions)")
+    run.add_argument("--cost-model", metavar="PRESET_OR_JSON",
+                     help="simulate with these step costs (a preset, or the cost.json `loadgen calibrate` wrote), "
+                          "written into the run's spec")
     run.add_argument("--force-new-spec", action="store_true",
                      help="DIR holds runs of another spec: move them to DIR/previous-N/ instead of refusing")
     run.set_defaults(func=_cmd_run)
@@ -113,7 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     cal = sub.add_parser("calibrate", help="fit the simulator's step-cost model to a real engine")
     cal.add_argument("--endpoint", required=True, help="the engine's base URL")
     cal.add_argument("--model", help="served model name (default: the first one served)")
-    cal.add_argument("--out", required=True, help="cost.json to write (a .fit.json with the rows goes beside it)")
+    cal.add_argument("--out", help="cost.json to write (a .fit.json with the rows goes beside it); "
+                                  "required unless --check")
+    cal.add_argument("--check", metavar="COST_MODEL",
+                     help="also predict every measurement with this preset or cost.json and exit 1 when the engine "
+                          "runs more than --tolerance faster or slower than it says: is a twin still true?")
+    cal.add_argument("--tolerance", type=float, default=0.15,
+                     help="with --check: the largest accepted |measured / predicted - 1| (median over rows)")
     cal.add_argument("--name", help="the cost model's name (default: the file name)")
     cal.add_argument("--repeats", type=int, default=3, help="repeats per measurement (median kept)")
     cal.add_argument("--max-num-batched-tokens", type=int, default=8192, help="the server's step token budget")

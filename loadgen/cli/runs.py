@@ -35,6 +35,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise SpecError(f"--api applies to live runs only (with --endpoint URL, or a spec whose engine is kind "
                             f"openai); {args.spec} simulates in virtual time")
         spec = spec.model_copy(update={"engine": spec.engine.model_copy(update={"api": args.api})})
+    if args.cost_model is not None:
+        if spec.engine.kind != "sim":
+            raise SpecError(f"--cost-model applies to simulated runs; {args.spec if not args.endpoint else '--endpoint'}"
+                            f" runs engine kind {spec.engine.kind!r}")
+        from .tools import _cost_model_arg
+
+        # the model itself goes into the spec, so the results directory says what was simulated
+        model = _cost_model_arg(args.cost_model, "--cost-model").to_json()
+        spec = spec.model_copy(update={"engine": spec.engine.model_copy(update={"cost_model": model})})
     if spec.engine.kind in ("vllm", "sglang", "serve_sim"):
         raise SpecError(f"{args.spec}: engine kind {spec.engine.kind!r} is launched on a Ray cluster by "
                         "`loadgen sweep` (or run against a server you started: --endpoint URL)")

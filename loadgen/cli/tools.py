@@ -205,18 +205,22 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     import asyncio
     import json
 
-    from ..live.calibrate import CalibrationPlan, calibrate
+    from ..live.calibrate import CalibrationPlan, calibrate, check_cost_model, host_description
     from ..core.clock import WallClock
     from ..live.http_client import EndpointOptions, OpenAIEngineClient, PreflightError
 
     url = _endpoint_url(args.endpoint)
+    if not args.out and not args.check:
+        raise SpecError("calibrate: give --out (the cost.json to write), --check COST_MODEL, or both")
+    checked = _cost_model_arg(args.check, "--check") if args.check else None
     plan = CalibrationPlan(repeats=args.repeats, chunk_tokens=args.max_num_batched_tokens)
-    out = Path(args.out)
+    out = Path(args.out) if args.out else None
 
     async def main():
         client = OpenAIEngineClient(WallClock(), EndpointOptions(url=url, model=args.model))
         try:
-            return await calibrate(client, plan, name=args.name or out.stem, time_scale=args.time_scale,
+            return await calibrate(client, plan, name=args.name or (out.stem if out else "measured"),
+                                   time_scale=args.time_scale,
                                    log=lambda msg: print(msg, file=sys.stderr, flush=True))
         finally:
             await client.close()
@@ -225,15 +229,37 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         result = asyncio.run(main())
     except PreflightError as exc:
         raise SpecError(str(exc)) from None
-    out.write_text(json.dumps(result.fit.model.to_json(), indent=1) + "\n")
-    report = {"cost_model": result.fit.model.to_json(), "pool_tokens": result.pool_tokens,
-              "block_size": result.block_size, "max_num_batched_tokens": plan.chunk_tokens,
-              "request_overhead_s": result.fit.request_overhead_s, "rows": result.fit.rows}
-    out.with_suffix(".fit.json").write_text(json.dumps(report, indent=1) + "\n")
     print(result.fit.table())
-    print(f"pool {result.pool_tokens} tokens, block size {result.block_size}; wrote {out} "
-          f"(use it as engine.cost_model) and {out.with_suffix('.fit.json')}")
+    if out:
+        out.write_text(json.dumps(result.fit.model.to_json(), indent=1) + "\n")
+        report = {"cost_model": result.fit.model.to_json(), "pool_tokens": result.pool_tokens,
+                  "block_size": result.block_size, "max_num_batched_tokens": plan.chunk_tokens,
+                  "request_overhead_s": result.fit.request_overhead_s, "host": host_description(),
+                  "rows": result.fit.rows}
+        out.with_suffix(".fit.json").write_text(json.dumps(report, indent=1) + "\n")
+        print(f"pool {result.pool_tokens} tokens, block size {result.block_size}; wrote {out} "
+              f"(use it as engine.cost_model) and {out.with_suffix('.fit.json')}")
+    if checked is None:
+        return 0
+    check = check_cost_model(checked, result.measurements, result.fit.request_overhead_s)
+    print(check.table())
+    if abs(check.median_ratio - 1) > args.tolerance:
+        print(f"{checked.name} does not describe this engine: it runs {check.median_ratio:.2f}x the time the "
+              f"model predicts (tolerance {args.tolerance:.0%}); calibrate again and run the twin on the new "
+              "cost.json", file=sys.stderr)
+        return 1
     return 0
+
+
+def _cost_model_arg(value: str, flag: str):
+    from ..sim.cost import PRESETS, StepCostModel
+
+    if value in PRESETS:
+        return PRESETS[value]
+    try:
+        return StepCostModel.from_file(value)
+    except ValueError as exc:
+        raise SpecError(f"{flag}: {exc} (or a preset: {', '.join(sorted(PRESETS))})") from None
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from ..analysis.compare import compare_runs, format_comparison, write_comparison

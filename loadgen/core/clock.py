@@ -236,11 +236,13 @@ class WallClock:
     def now(self) -> float:
         return (self._time() - self._t0) * self.time_scale
 
-    async def sleep(self, delay_s: float) -> None:
+    async def sleep(self, delay_s: float, record: bool = True) -> None:
+        """``record=False``: background work that is not on the workload's schedule (its
+        lateness would say nothing about the run's timing)."""
         due_s = self.now() + max(0.0, delay_s)
         await asyncio.sleep(max(0.0, delay_s) / self.time_scale)
-        # measured when the sleeper resumes: that is when the session acts on it
-        self.lateness.record(self.now() - due_s)
+        if record:  # measured when the sleeper resumes: that is when the session acts on it
+            self.lateness.record(self.now() - due_s)
 
     def call_at(self, when_s: float, callback: Callable[..., Any], *args: Any) -> asyncio.TimerHandle:
         deadline = self._t0 + when_s / self.time_scale

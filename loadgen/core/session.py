@@ -132,6 +132,9 @@ class RunEnv:
     # shared prefixes (name, length) some request of this run has sent: an infinite cache holds
     # them for every later request (turns.parquet cacheable_prefix_tokens; per process in a fleet)
     sent_prefixes: set = field(default_factory=set)
+    # session id -> a future of its context, started before its arrival (text prompts, which take
+    # a tokenizer's time to build: loadgen/live/runner.py builds them ahead so arrivals stay on time)
+    ready_contexts: dict = field(default_factory=dict)
 
 
 class _Progress:
@@ -205,11 +208,15 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
     if engine.needs_token_ids:
         if plan.token_key is None:
             raise ValueError(f"session {sid}: a live run needs plans from plan_sessions (their token_key)")
-        # an engine that sends text builds its own contexts (chat messages or text of exact lengths)
-        make_context = getattr(engine, "session_context", None)
-        tokens = (make_context(shape, plan.token_key, sid) if make_context is not None
-                  else TokenContext(shape, plan.token_key, sid))
-        await tokens.start()
+        ready = env.ready_contexts.pop(sid, None)
+        if ready is not None:
+            tokens = await ready
+        else:
+            # an engine that sends text builds its own contexts (chat messages or text of exact lengths)
+            make_context = getattr(engine, "session_context", None)
+            tokens = (make_context(shape, plan.token_key, sid) if make_context is not None
+                      else TokenContext(shape, plan.token_key, sid))
+            await tokens.start()
     # A gate in another process (actors.fleet.RemoteGate) cannot answer on the spot: it returns
     # an awaitable of the answer (None: go; else a future to await), one round trip per turn.
     gate_answers_later = getattr(gateway, "answers_later", False)

@@ -11,7 +11,11 @@ cost model's least-squares problem (loadgen/sim/cost.py):
   with new tokens appended; the second request's time to first token prefills only the new
   tokens on top of what the server reports as cached;
 * decode at several batch sizes and contexts: a batch of warm prompts generating together; how
-  much longer m tokens take than one, divided by m - 1, is one decode step of the batch.
+  much longer m tokens take than one, divided by m - 1, is one decode step of the batch;
+* queues drained: many requests sharing a cached prefix sent at once, each with new tokens to
+  prefill and a few to generate; the server works through them in steps that mix prefill chunks
+  with decodes over a long waiting queue, the batch compositions of a collapsed engine, and the
+  time until the last finishes is one row whose features replay the scheduler's steps.
 
 Every measurement is repeated and the median kept. Pool size and block size come from the
 server's /metrics. The result is a ``cost.json`` that a spec takes as ``engine.cost_model``.
@@ -20,6 +24,8 @@ server's /metrics. The result is a ``cost.json`` that a spec takes as ``engine.c
 from __future__ import annotations
 
 import asyncio
+import os
+import platform
 import statistics
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
@@ -27,7 +33,7 @@ from typing import Callable, Optional
 from ..core.engines import TurnRequest, TurnResult
 from ..core.workload import Stream, rng_for
 from .http_client import OpenAIEngineClient, PreflightError
-from ..sim.cost import FitResult, Measurement, decode_step, fit_cost_model, prefill
+from ..sim.cost import FitResult, Measurement, StepCostModel, decode_step, fit_cost_model, prefill, queue_drain
 
 
 def _ttft(m: Measurement) -> Measurement:
@@ -41,12 +47,16 @@ class CalibrationPlan:
     incremental: tuple[tuple[int, int], ...] = ((2000, 1000), (6000, 500), (12000, 1000), (16000, 250))
     decode: tuple[tuple[int, int], ...] = ((1, 1000), (1, 8000), (4, 2000), (8, 4000), (16, 1000))
     decode_tokens: int = 64
+    # (requests, new tokens each, cached shared prefix): queues a collapsed engine works through
+    queues: tuple[tuple[int, int, int], ...] = ((16, 2000, 2000), (12, 6000, 2000))
+    queue_output_tokens: int = 8
     repeats: int = 3
     chunk_tokens: int = 8192  # the server's max_num_batched_tokens
 
     def largest_context(self) -> int:
         return max([*self.cold_contexts, *(c + n for c, n in self.incremental),
-                    *(c + self.decode_tokens for _, c in self.decode)])
+                    *(c + self.decode_tokens for _, c in self.decode),
+                    *(c + n + self.queue_output_tokens for _, n, c in self.queues)])
 
 
 @dataclass
@@ -122,6 +132,21 @@ class Calibrator:
         return decode_step(f"decode batch {batch} at {context}", step_s, batch, context + m // 2,
                            source="measured")
 
+    async def queue(self, num_requests: int, new: int, cached: int) -> Measurement:
+        out = self.plan.queue_output_tokens
+        times, hits = [], []
+        for _ in range(self.plan.repeats):
+            prefix = self._prompt(cached)
+            await self._send(prefix, 1)  # the shared prefix, cached
+            results = await asyncio.gather(*(self._send(prefix + self._prompt(new), out)
+                                             for _ in range(num_requests)))
+            times.append(self._s(max(r.finish_s for r in results) - min(r.submitted_s for r in results)))
+            hits.append(statistics.median(r.cached_tokens for r in results))
+        hit = int(statistics.median(hits))
+        return queue_drain(f"queue of {num_requests}: {new} new on {cached} cached (hit {hit}), {out} out",
+                           statistics.median(times), num_requests, cached + new - hit, hit, out,
+                           chunk_tokens=self.plan.chunk_tokens, source="measured")
+
     async def run(self) -> list[Measurement]:
         rows = []
         for context in self.plan.cold_contexts:
@@ -133,6 +158,9 @@ class Calibrator:
         for batch, context in self.plan.decode:
             rows.append(await self.decode(batch, context))
             self.log(f"  {rows[-1].label}: {rows[-1].seconds * 1e3:.2f} ms/step")
+        for num_requests, new, cached in self.plan.queues:
+            rows.append(await self.queue(num_requests, new, cached))
+            self.log(f"  {rows[-1].label}: {rows[-1].seconds:.2f} s")
         return rows
 
 
@@ -144,3 +172,44 @@ async def calibrate(client: OpenAIEngineClient, plan: CalibrationPlan, name: str
     scraped = client.last_metrics
     return CalibrationResult(fit_cost_model(rows, name=name, fit_request_overhead=True), info["pool_tokens"],
                              scraped.block_size if scraped else None, rows)
+
+
+@dataclass
+class CostCheck:
+    """A cost model's predictions of measured rows: is the twin built on it still true?"""
+
+    model_name: str
+    rows: list[dict]
+    median_ratio: float  # measured / predicted: 2.0 means the engine takes twice what the model says
+
+    def table(self) -> str:
+        lines = [f"checking {self.model_name}:", f"{'measurement':62s} {'measured s':>10s} {'predicted s':>11s} "
+                                                 f"{'ratio':>6s}"]
+        for r in self.rows:
+            lines.append(f"{r['label'][:62]:62s} {r['measured_s']:10.4f} {r['predicted_s']:11.4f} {r['ratio']:6.2f}")
+        lines.append(f"median ratio {self.median_ratio:.2f} (measured / predicted)")
+        return "\n".join(lines)
+
+
+def check_cost_model(model: StepCostModel, measurements: list[Measurement], request_overhead_s: float) -> CostCheck:
+    """Predict each measurement with ``model``; the request round trips inside a row are charged
+    what this calibration measured them at, so only the engine's steps are judged."""
+    coef = [model.t0_s, model.a_s_per_token, model.b_s_per_token2, model.g_s_per_token]
+    rows = []
+    for m in measurements:
+        predicted = sum(c * f for c, f in zip(coef, m.features())) + request_overhead_s * m.num_requests
+        rows.append({"label": m.label, "measured_s": m.seconds, "predicted_s": predicted,
+                     "ratio": m.seconds / predicted})
+    return CostCheck(model.name, rows, statistics.median(r["ratio"] for r in rows))
+
+
+def host_description() -> dict:
+    """The machine the calibration ran from (the engine's own, for a local endpoint): a CPU
+    engine's step costs belong to its host, and virtual machines of one name differ."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "num_cpus": os.cpu_count(), "platform": platform.platform()}

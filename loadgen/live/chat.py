@@ -46,7 +46,11 @@ class PromptBuilder:
         self.counter = counter
         self.api = api
         self.words: list[str] = []
-        self._system: dict[tuple, tuple[Any, list[int]]] = {}
+        self._system: dict[tuple, tuple[Any, list[int], Optional[tuple]]] = {}
+        # the template's tokens around a session's first user message, and around an appended
+        # turn, as the last fit found them: the next fit's first guess, usually exact (one count)
+        self.start_overhead: Optional[int] = None
+        self.turn_overhead = 0
 
     async def prepare(self) -> None:
         self.words = list(await self.counter.filler_words())
@@ -66,26 +70,29 @@ class PromptBuilder:
         return await self.counter.text_ids(content), None
 
     async def fit(self, make, target: int, guess: int, n_max: int, add_generation_prompt: bool = True,
-                  hint: Optional[tuple] = None) -> tuple[int, list[int], Optional[tuple]]:
-        """The number of words n (0..n_max) for which ``make(n)`` counts ``target`` tokens, with its
-        ids and hint; when no n does (a template longer than the target), the closest, shorter first."""
+                  hint: Optional[tuple] = None) -> tuple[Any, list[int], Optional[tuple], int]:
+        """The content ``make(n)`` (n words, 0..n_max) that counts ``target`` tokens, with its ids,
+        its hint and n; when no n does (a template longer than the target), the closest, shorter
+        first. The content returned is the one counted (the next count's hint refers to it)."""
         n = min(max(guess, 0), n_max)
-        tried: dict[int, tuple[list[int], Optional[tuple]]] = {}
+        tried: dict[int, tuple[Any, list[int], Optional[tuple]]] = {}
         for _ in range(8):
-            ids, new_hint = await self.count(make(n), add_generation_prompt, hint)
-            tried[n] = (ids, new_hint)
+            content = make(n)
+            ids, new_hint = await self.count(content, add_generation_prompt, hint)
+            tried[n] = (content, ids, new_hint)
             diff = target - len(ids)
             if diff == 0:
-                return n, ids, new_hint
+                return content, ids, new_hint, n
             nxt = min(max(n + diff, 0), n_max)
             if nxt in tried:
                 break
             n = nxt
-        n = min(tried, key=lambda k: (abs(len(tried[k][0]) - target), len(tried[k][0])))
-        return (n, *tried[n])
+        n = min(tried, key=lambda k: (abs(len(tried[k][1]) - target), len(tried[k][1])))
+        return (*tried[n], n)
 
-    async def system(self, shape: SessionShape, run_key: tuple[int, str]) -> tuple[Any, list[int]]:
-        """The run's shared system prompt (a message, or the text) fitted to its token length."""
+    async def system(self, shape: SessionShape, run_key: tuple[int, str]) -> tuple[Any, list[int], Optional[tuple]]:
+        """The run's shared system prompt (a message, or the text) fitted to its token length, its
+        ids, and the hint that counts a prompt starting with it from there."""
         seed, arm = run_key
         key = (seed, arm, shape.prefix_key, shape.shared_prefix_tokens)
         if key not in self._system:
@@ -98,8 +105,8 @@ class PromptBuilder:
             else:
                 def make(n):
                     return self.text(indices, n)
-            n, ids, _ = await self.fit(make, target, target - 5, len(indices), add_generation_prompt=False)
-            self._system[key] = (make(n), ids)
+            content, ids, hint, _ = await self.fit(make, target, target - 5, len(indices), add_generation_prompt=False)
+            self._system[key] = (content, ids, hint)
         return self._system[key]
 
     def session(self, shape: SessionShape, run_key: tuple[int, str], session_id: int) -> "TextContext":
@@ -124,7 +131,6 @@ class TextContext:
         self.prompt_ids: list[int] = []  # the current prompt's token ids as counted
         self.planned_tokens = shape.initial_tokens
         self.drift_tokens = 0  # of the previous turn's prompt + output, what this prompt does not start with
-        self._overhead = 0  # template tokens around an appended turn, learned (the first guess of a fit)
         self._hint: Optional[tuple] = None  # the current prompt's encoding, to count the next one from
 
     @property
@@ -138,8 +144,10 @@ class TextContext:
         b = self.builder
         shape = self.shape
         head: Any = [] if self.chat else ""
+        head_ids: list[int] = []
+        head_hint = None
         if shape.shared_prefix_tokens:
-            head, _ = await b.system(shape, self.run_key)
+            head, head_ids, head_hint = await b.system(shape, self.run_key)
         indices = self._indices(shape.initial_tokens - shape.shared_prefix_tokens)
         if self.chat:
             def make(n):
@@ -148,11 +156,14 @@ class TextContext:
             def make(n):
                 return (head + " " if head else "") + b.text(indices, n)
         task = shape.initial_tokens - shape.shared_prefix_tokens
-        n, self.prompt_ids, self._hint = await b.fit(make, shape.initial_tokens, task - 8, len(indices))
+        guess = task - 8 if b.start_overhead is None else shape.initial_tokens - len(head_ids) - b.start_overhead
+        content, self.prompt_ids, self._hint, n = await b.fit(make, shape.initial_tokens, guess, len(indices),
+                                                              hint=head_hint)
+        b.start_overhead = len(self.prompt_ids) - len(head_ids) - n
         if self.chat:
-            self.messages = make(n)
+            self.messages = content
         else:
-            self.text = make(n)
+            self.text = content
 
     async def extend(self, result: Any, num_output: int, num_tool: int) -> None:
         """After a turn: append the returned content and a tool output sized so the next prompt has
@@ -174,9 +185,9 @@ class TextContext:
             def make(n):
                 return base_text + " " + b.text(indices, n)
         before = self.prompt_ids
-        n, ids, self._hint = await b.fit(make, self.planned_tokens, num_tool - self._overhead, len(indices),
-                                         hint=self._hint)
-        self._overhead = len(ids) - len(before) - num_output - n
+        content, ids, self._hint, n = await b.fit(make, self.planned_tokens, num_tool - b.turn_overhead,
+                                                  len(indices), hint=self._hint)
+        b.turn_overhead = len(ids) - len(before) - num_output - n
         generated = result.output_token_ids
         if generated is None:
             self.drift_tokens = -1
@@ -185,17 +196,25 @@ class TextContext:
             self.drift_tokens = len(old) - _common_prefix(old, ids)
         self.prompt_ids = ids
         if self.chat:
-            self.messages = make(n)
+            self.messages = content
         else:
-            self.text = make(n)
+            self.text = content
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading ids ``a`` and ``b`` share; list slices compare at C speed, and the usual
+    answer (no drift: all of the shorter) takes one comparison."""
     n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 async def probe_content(builder: PromptBuilder, num_tokens: int) -> tuple[Any, int]:

@@ -59,6 +59,29 @@ async def flush_before_run(client: OpenAIEngineClient) -> None:
     client.flush_times_s.clear()
 
 
+# how far ahead of its arrival (wall seconds) a session's text context is built
+CONTEXT_LEAD_S = 1.0
+
+
+async def build_contexts_ahead(plans, client, env: RunEnv, lead_s: float) -> None:
+    """Build each session's text context (chat messages or text of exact token lengths, a
+    tokenizer's work, a millisecond or more) ``lead_s`` of run time before it arrives, one at a
+    time, so that an arrival finds it ready and is sent on time. The contents do not depend on
+    when they are built."""
+    loop = asyncio.get_running_loop()
+    for plan in sorted(plans, key=lambda p: p.arrival_s):
+        await env.clock.sleep(plan.arrival_s - lead_s - env.clock.now(), record=False)
+        ready = env.ready_contexts[plan.session_id] = loop.create_future()
+        try:
+            context = client.session_context(plan.shape, plan.token_key, plan.session_id)
+            await context.start()
+        except Exception as exc:  # the session meets it when it arrives, and crashes as it would have
+            ready.set_exception(exc)
+        else:
+            ready.set_result(context)
+        await asyncio.sleep(0)  # what is due (arrivals, turns) runs between two builds
+
+
 def run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optional[Transport] = None,
              on_progress: Optional[Callable[[LiveSnapshot], None]] = None) -> dict:
     """One run (arm x seed) against ``spec.engine`` (an OpenAIEngineSpec); returns its run.json.
@@ -171,6 +194,8 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
 
     for plan in plans:
         clock.call_at(plan.arrival_s, start, plan)
+    if getattr(client, "prompts", None) is not None:
+        tasks.add(clock.spawn(build_contexts_ahead(plans, client, env, CONTEXT_LEAD_S * spec.time_scale)))
     for trig in arm.triggers:
         if isinstance(trig, FlushTrigger):
             clock.call_at(trig.at_s, lambda: tasks.add(clock.spawn(flush())))

@@ -98,24 +98,83 @@ class LocalTokenizer:
         # as vLLM does: the rendered template already holds whatever BOS the model wants
         return self._tok.encode(self.render(messages, add_generation_prompt), add_special_tokens=False).ids
 
-    def encode_chat_from(self, messages: Sequence[dict], add_generation_prompt: bool, hint: Optional[tuple]
-                         ) -> tuple[list[int], tuple]:
+    def encode_chat_from(self, messages: Sequence[dict], add_generation_prompt: bool, hint: Optional["Encoded"]
+                         ) -> tuple[list[int], "Encoded"]:
         """``encode_chat`` reusing the encoding of an earlier prompt of the same conversation
         (``hint``, as returned): only the text after the last special token the two renderings
         share is encoded again. Exact, because a tokenizer splits its special tokens out before
         anything else, so no token spans one; a context of 40K tokens then costs its new turn's
-        text, not 40K tokens, per count. Returns (ids, the hint for the next call)."""
-        text = self.render(messages, add_generation_prompt)
+        text, not 40K tokens, per count. When the hint's messages open this list unchanged and
+        the template renders turn by turn (``renders_by_turn``), only the new messages are
+        rendered too. Returns (ids, the hint for the next call)."""
+        text, bare_len = self._render_from(messages, add_generation_prompt, hint)
         if hint is not None:
-            old_text, old_ids, old_starts = hint
-            cut = self._shared_cut(text, old_text)
+            cut = self._shared_cut(text, hint.text)
             if cut > 0:
-                j = bisect.bisect_left(old_starts, cut)
+                j = bisect.bisect_left(hint.starts, cut)
                 enc = self._tok.encode(text[cut:], add_special_tokens=False)
-                ids = old_ids[:j] + enc.ids
-                return ids, (text, ids, old_starts[:j] + [cut + start for start, _ in enc.offsets])
+                ids = hint.ids[:j] + enc.ids
+                return ids, Encoded(list(messages), text, bare_len, ids,
+                                    hint.starts[:j] + [cut + start for start, _ in enc.offsets])
         enc = self._tok.encode(text, add_special_tokens=False)
-        return enc.ids, (text, enc.ids, [start for start, _ in enc.offsets])
+        return enc.ids, Encoded(list(messages), text, bare_len, enc.ids, [start for start, _ in enc.offsets])
+
+    def _render_from(self, messages: Sequence[dict], add_generation_prompt: bool, hint: Optional["Encoded"]
+                     ) -> tuple[str, int]:
+        """The rendered prompt, and the length of its part without the generation prompt."""
+        suffix = self._generation_suffix() if add_generation_prompt else ""
+        old = hint.messages if hint is not None else ()
+        if (HEAD_MESSAGES <= len(old) < len(messages) and self.renders_by_turn
+                and [m.get("role") for m in messages[:HEAD_MESSAGES]] == HEAD_ROLES
+                and all(a is b for a, b in zip(old, messages))):
+            head = messages[:HEAD_MESSAGES]
+            head_text = self.render(head, False)
+            with_new = self.render([*head, *messages[len(old):]], False)
+            bare = hint.text[:hint.bare_len] + with_new[len(head_text):]
+            return bare + suffix, len(bare)
+        if add_generation_prompt and self.renders_by_turn:
+            bare = self.render(messages, False)
+            return bare + suffix, len(bare)
+        text = self.render(messages, add_generation_prompt)
+        return text, len(text) - len(suffix) if text.endswith(suffix) else len(text)
+
+    def _generation_suffix(self) -> str:
+        if not hasattr(self, "_gen_suffix"):
+            probe = _PROBE_CONVERSATION[:HEAD_MESSAGES]
+            bare, full = self.render(probe, False), self.render(probe, True)
+            self._gen_suffix = full[len(bare):] if full.startswith(bare) else ""
+        return self._gen_suffix
+
+    @property
+    def renders_by_turn(self) -> bool:
+        """Whether the template renders a conversation as its first messages' rendering followed
+        by each appended turn's own (ChatML and most templates do): checked once on a probe
+        conversation like our sessions' (system, user, then assistant and tool turns), rendering
+        the turns after the first two messages as if they followed those two directly, and the
+        generation prompt as a fixed suffix. A template that renders otherwise (one that looks at
+        the whole list, say) is rendered whole every time."""
+        if not hasattr(self, "_by_turn"):
+            self._by_turn = self._check_renders_by_turn()
+        return self._by_turn
+
+    def _check_renders_by_turn(self) -> bool:
+        try:
+            m = _PROBE_CONVERSATION
+            suffix = self._generation_suffix()
+            head = m[:HEAD_MESSAGES]
+            head_text = self.render(head, False)
+            for k in range(HEAD_MESSAGES, len(m) + 1):
+                bare = self.render(m[:k], False)
+                if self.render(m[:k], True) != bare + suffix:
+                    return False
+                for j in range(HEAD_MESSAGES, k):  # from any earlier prompt of the conversation
+                    with_new = self.render([*head, *m[j:k]], False)
+                    if not with_new.startswith(head_text) or \
+                            self.render(m[:j], False) + with_new[len(head_text):] != bare:
+                        return False
+            return True
+        except Exception:  # a template that refuses the probe's roles: render whole
+            return False
 
     def _shared_cut(self, text: str, old: str) -> int:
         """The last position where a special token starts in ``old`` up to which ``text`` is the same."""
@@ -163,6 +222,32 @@ class LocalTokenizer:
 
     def describe(self) -> dict:
         return {"tokenizer": str(self.path), "chat_template": self.template_source}
+
+
+# A count renders only new messages after these first ones (the system prompt and the task)
+HEAD_MESSAGES = 2
+HEAD_ROLES = ["system", "user"]
+_PROBE_CONVERSATION = (
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "user", "content": "Fix the failing test."},
+    {"role": "assistant", "content": "Reading the test file."},
+    {"role": "tool", "content": "def test_x(): assert f() == 2"},
+    {"role": "assistant", "content": "Changing f to return 2."},
+    {"role": "tool", "content": "1 passed"},
+)
+
+
+class Encoded:
+    """A rendered and encoded chat prompt: what the next count of the same conversation reuses."""
+
+    __slots__ = ("messages", "text", "bare_len", "ids", "starts")
+
+    def __init__(self, messages: list, text: str, bare_len: int, ids: list[int], starts: list[int]) -> None:
+        self.messages = messages  # the message dicts rendered (compared by identity)
+        self.text = text  # the rendered prompt
+        self.bare_len = bare_len  # its length without the generation prompt
+        self.ids = ids
+        self.starts = starts  # each token's first character in ``text``
 
 
 def _read_config(path: Path) -> dict:

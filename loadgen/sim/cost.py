@@ -100,6 +100,46 @@ def marginal_cold_turn(label: str, seconds: float, context_tokens: int, output_t
     return Measurement(label, seconds, 0, L + o, L * L / 2, o * L + o * o / 2, source)
 
 
+def queue_drain(label: str, seconds: float, num_requests: int, new_tokens: int, cached_tokens: int,
+                output_tokens: int, chunk_tokens: int = 8192, max_num_seqs: int = 256,
+                source: str = "") -> Measurement:
+    """``num_requests`` requests, each ``new_tokens`` to prefill on ``cached_tokens`` already cached
+    and then ``output_tokens`` to generate, all waiting at once: the engine drains the queue in
+    steps that mix decodes with prefill chunks, as a collapsed engine does.
+
+    The features are those of the steps vLLM's scheduler takes: every running request's decode
+    first, then prefill chunks in arrival order until the step budget is spent (a request whose
+    prefill finishes has its first token). The first request steps alone: an idle engine starts
+    a step as soon as it arrives, and the others, sent together but a little behind it, join at
+    the next. One request's round trip is inside the time."""
+    prefilled = [0] * num_requests  # prefill tokens done
+    generated = [0] * num_requests  # output tokens done (the first comes with the prefill's last chunk)
+    steps = tokens = attention = decode_context = 0.0
+    while generated[-1] < output_tokens:
+        budget, seqs = chunk_tokens, 0
+        decoding = [i for i in range(num_requests) if 0 < generated[i] < output_tokens]
+        for i in decoding[:max_num_seqs]:
+            decode_context += cached_tokens + new_tokens + generated[i]
+            generated[i] += 1
+            budget -= 1
+            seqs += 1
+        for i in range(num_requests if steps else 1):
+            if budget <= 0 or seqs >= max_num_seqs:
+                break
+            if prefilled[i] == new_tokens:
+                continue
+            n = min(budget, new_tokens - prefilled[i])
+            attention += n * (cached_tokens + prefilled[i] + n / 2)
+            prefilled[i] += n
+            budget -= n
+            seqs += 1
+            if prefilled[i] == new_tokens:
+                generated[i] = 1
+        steps += 1
+        tokens += chunk_tokens - budget
+    return Measurement(label, seconds, steps, tokens, attention, decode_context, source, num_requests=1.0)
+
+
 S6 = "docs/engine-model.md#calibration (Qwen3-8B on one MI300X)"
 CALIBRATION_QWEN3_8B_MI300X: tuple[Measurement, ...] = (
     prefill("cold prefill 20K at 13K tok/s", 20_000 / 13_000, 20_000, source=S6),

@@ -129,3 +129,27 @@ def test_bad_tokenizer_paths_are_clear_errors(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(TokenizerError, match="not a Hugging Face tokenizer.json"):
         LocalTokenizer(tmp_path / "tokenizer.json")
+
+
+# a template that looks at the whole list: the number of messages opens the prompt
+WHOLE_LIST_TEMPLATE = ("{{ messages|length }} {% for message in messages %}<|im_start|>{{ message.role }}\n"
+                       "{{ message.content }}<|im_end|>\n{% endfor %}"
+                       "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("template,by_turn", [(None, True), (WHOLE_LIST_TEMPLATE, False)])
+def test_a_count_from_the_last_prompt_is_the_count_of_the_whole_prompt(tmp_path, template, by_turn):
+    """A count renders only the new turn when the template renders turn by turn, and the whole
+    list when it does not; either way the ids are those of rendering and encoding it all."""
+    directory = build_tokenizer(tmp_path / "tok", vocab_size=3000, **({"template": template} if template else {}))
+    tok = LocalTokenizer(directory)
+    assert tok.template_source == "tokenizer_config" and tok.renders_by_turn is by_turn
+    builder = PromptBuilder(tok, "chat")
+    run(builder.prepare())
+    ctx = builder.session(shape(outputs=(12,) * 6, tools=(90, 300, 40, 7, 120)), (1, "base"), 3)
+    run(ctx.start())
+    for k in range(5):
+        text, ids = served_output(tok, 12, 40 * k)
+        run(ctx.extend(result(text, ids), 12, 50))
+        assert ctx.prompt_ids == tok.encode_chat(ctx.content)
+        assert ctx._hint.text == tok.render(ctx.content)
