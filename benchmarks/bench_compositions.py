@@ -37,7 +37,7 @@ import numpy as np
 from loadgen.core.clock import WallClock
 from loadgen.core.engines import TurnRequest
 from loadgen.live.http_client import EndpointOptions, OpenAIEngineClient
-from loadgen.sim.cost import PRESETS, StepCostModel, prefill, queue_drain
+from loadgen.sim.cost import StepCostModel, prefill, preset_or_file, queue_drain
 
 SYSTEM_TOKENS = 2000
 OUTPUT_TOKENS = 8
@@ -79,10 +79,6 @@ class Bench:
         self.client = OpenAIEngineClient(WallClock(), EndpointOptions(url=url))
         self._ids = 0
 
-    def seconds(self, features) -> float:
-        coef = (self.model.t0_s, self.model.a_s_per_token, self.model.b_s_per_token2, self.model.g_s_per_token)
-        return sum(c * f for c, f in zip(coef, features))
-
     async def turn(self, new: int, shared: bool = True):
         ids = (self.system if shared else []) + self.rng.integers(1, 29000, size=new).tolist()
         self._ids += 1
@@ -109,11 +105,11 @@ class Bench:
         context = (SYSTEM_TOKENS if shared else 0) + new
         if concurrency == 1:
             row = prefill("", 0, context - hit, hit, chunk_tokens=self.chunk_tokens)
-            predicted = self.seconds(row.features()) + sum(
+            predicted = self.model.predict(row) + sum(
                 self.model.step_time(1, 0, context + k) for k in range(1, OUTPUT_TOKENS))
         else:  # a drained queue, per turn
             row = queue_drain("", 0, num_turns, context - hit, hit, OUTPUT_TOKENS, chunk_tokens=self.chunk_tokens)
-            predicted = self.seconds(row.features()) / num_turns
+            predicted = self.model.predict(row) / num_turns
         return {"experiment": name, "turns": num_turns, "new_tokens": new, "hit_tokens": hit,
                 "measured_s_per_turn": round(per_turn_s, 4), "model_s_per_turn": round(predicted, 4),
                 "ratio": round(per_turn_s / predicted, 2), "server": server_means(before, after)}
@@ -140,7 +136,7 @@ class Bench:
 
 
 async def main(args) -> None:
-    model = PRESETS[args.cost_model] if args.cost_model in PRESETS else StepCostModel.from_file(args.cost_model)
+    model = preset_or_file(args.cost_model)
     bench = Bench(args.endpoint.rstrip("/"), model, args.max_num_batched_tokens, args.new_tokens)
     try:
         await bench.client.preflight(SYSTEM_TOKENS + args.new_tokens + OUTPUT_TOKENS)

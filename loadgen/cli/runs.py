@@ -39,8 +39,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if spec.engine.kind != "sim":
             raise SpecError(f"--cost-model applies to simulated runs; {args.spec if not args.endpoint else '--endpoint'}"
                             f" runs engine kind {spec.engine.kind!r}")
-        from .tools import _cost_model_arg
-
         # the model itself goes into the spec, so the results directory says what was simulated
         model = _cost_model_arg(args.cost_model, "--cost-model").to_json()
         spec = spec.model_copy(update={"engine": spec.engine.model_copy(update={"cost_model": model})})
@@ -292,3 +290,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     print(f"{args.spec}: ok: experiment {spec.experiment!r}, {len(spec.arms)} arms x {len(spec.seeds)} seeds, "
           f"{spec.duration_s / 60:g} min per run")
     return 0
+
+def _cost_model_arg(value: str, flag: str):
+    from ..sim.cost import PRESETS, preset_or_file
+
+    try:
+        return preset_or_file(value)
+    except ValueError as exc:
+        raise SpecError(f"{flag}: {exc} (or a preset: {', '.join(sorted(PRESETS))})") from None

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..core.spec import SpecError, load_spec, parse_seeds
-from .runs import _endpoint_url
+from .runs import _cost_model_arg, _endpoint_url
 
 
 def _cmd_map(args: argparse.Namespace) -> int:
@@ -250,16 +250,6 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         return 1
     return 0
 
-
-def _cost_model_arg(value: str, flag: str):
-    from ..sim.cost import PRESETS, StepCostModel
-
-    if value in PRESETS:
-        return PRESETS[value]
-    try:
-        return StepCostModel.from_file(value)
-    except ValueError as exc:
-        raise SpecError(f"{flag}: {exc} (or a preset: {', '.join(sorted(PRESETS))})") from None
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from ..analysis.compare import compare_runs, format_comparison, write_comparison

@@ -194,10 +194,9 @@ class CostCheck:
 def check_cost_model(model: StepCostModel, measurements: list[Measurement], request_overhead_s: float) -> CostCheck:
     """Predict each measurement with ``model``; the request round trips inside a row are charged
     what this calibration measured them at, so only the engine's steps are judged."""
-    coef = [model.t0_s, model.a_s_per_token, model.b_s_per_token2, model.g_s_per_token]
     rows = []
     for m in measurements:
-        predicted = sum(c * f for c, f in zip(coef, m.features())) + request_overhead_s * m.num_requests
+        predicted = model.predict(m) + request_overhead_s * m.num_requests
         rows.append({"label": m.label, "measured_s": m.seconds, "predicted_s": predicted,
                      "ratio": m.seconds / predicted})
     return CostCheck(model.name, rows, statistics.median(r["ratio"] for r in rows))

@@ -132,9 +132,6 @@ class LocalTokenizer:
             with_new = self.render([*head, *messages[len(old):]], False)
             bare = hint.text[:hint.bare_len] + with_new[len(head_text):]
             return bare + suffix, len(bare)
-        if add_generation_prompt and self.renders_by_turn:
-            bare = self.render(messages, False)
-            return bare + suffix, len(bare)
         text = self.render(messages, add_generation_prompt)
         return text, len(text) - len(suffix) if text.endswith(suffix) else len(text)
 

@@ -42,6 +42,11 @@ class StepCostModel:
             + self.g_s_per_token * decode_context_tokens
         )
 
+    def predict(self, measurement: "Measurement") -> float:
+        """The seconds this model gives a measurement's steps (its request round trips excluded)."""
+        coef = (self.t0_s, self.a_s_per_token, self.b_s_per_token2, self.g_s_per_token)
+        return sum(c * f for c, f in zip(coef, measurement.features()))
+
     def to_json(self) -> dict:
         return asdict(self)
 
@@ -309,6 +314,11 @@ VLLM_CPU_TINY_QWEN3 = StepCostModel(
 
 PRESETS: dict[str, StepCostModel] = {"qwen3-8b-mi300x": QWEN3_8B_MI300X, "qwen3-32b-mi300x": QWEN3_32B_MI300X,
                                      "vllm-cpu-tiny-qwen3": VLLM_CPU_TINY_QWEN3}
+
+
+def preset_or_file(value: str) -> StepCostModel:
+    """A preset by name, else the cost.json at that path (ValueError naming the file)."""
+    return PRESETS[value] if value in PRESETS else StepCostModel.from_file(value)
 
 
 def get_preset(name: str) -> StepCostModel:
