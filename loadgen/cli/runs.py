@@ -291,6 +291,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
           f"{spec.duration_s / 60:g} min per run")
     return 0
 
+
 def _cost_model_arg(value: str, flag: str):
     from ..sim.cost import PRESETS, preset_or_file
 
