@@ -28,18 +28,17 @@ BIN = Path(sys.executable).parent
 
 
 def _stop_head(head: subprocess.Popen) -> None:
-    for sig, grace_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
+    """SIGTERM the head's process group, then SIGKILL what is left of it: the raylet and GCS outlive
+    `ray start` itself, and on a quick machine the whole group may already be gone."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(head.pid, sig)
         except ProcessLookupError:
             return
         try:
-            head.wait(timeout=grace_s)
+            head.wait(timeout=15)
         except subprocess.TimeoutExpired:
-            continue
-        if sig == signal.SIGTERM:
-            os.killpg(head.pid, signal.SIGKILL)  # the raylet and GCS outlive `ray start` itself
-        return
+            pass
 
 
 def test_ray_job_submit_runs_a_simulated_sweep(tmp_path):
