@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence
 from trace_shapes import SessionShape
 
 from ..core.workload import Stream, rng_for
-from .tokenizer import TokenizerError
+from .tokenizer import Segments, TokenizerError, common_prefix
 
 MIN_FILLER_WORDS = 16
 # random word indices drawn per written message beyond its planned length: room for the fit to
@@ -128,7 +128,7 @@ class TextContext:
         self.chat = builder.api == "chat"
         self.messages: list[dict] = []
         self.text = ""
-        self.prompt_ids: list[int] = []  # the current prompt's token ids as counted
+        self._ids = Segments()  # the current prompt's token ids as counted
         self.planned_tokens = shape.initial_tokens
         self.drift_tokens = 0  # of the previous turn's prompt + output, what this prompt does not start with
         self._hint: Optional[tuple] = None  # the current prompt's encoding, to count the next one from
@@ -136,6 +136,11 @@ class TextContext:
     @property
     def content(self) -> Any:
         return list(self.messages) if self.chat else self.text
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The current prompt's token ids, as counted."""
+        return list(self._ids)
 
     def _indices(self, n: int) -> list[int]:
         return self._rng.integers(0, 1 << 30, size=n + SPARE_WORDS).tolist()
@@ -157,9 +162,9 @@ class TextContext:
                 return (head + " " if head else "") + b.text(indices, n)
         task = shape.initial_tokens - shape.shared_prefix_tokens
         guess = task - 8 if b.start_overhead is None else shape.initial_tokens - len(head_ids) - b.start_overhead
-        content, self.prompt_ids, self._hint, n = await b.fit(make, shape.initial_tokens, guess, len(indices),
-                                                              hint=head_hint)
-        b.start_overhead = len(self.prompt_ids) - len(head_ids) - n
+        content, ids, self._hint, n = await b.fit(make, shape.initial_tokens, guess, len(indices), hint=head_hint)
+        self._ids = Segments.of(ids)
+        b.start_overhead = len(ids) - len(head_ids) - n
         if self.chat:
             self.messages = content
         else:
@@ -184,7 +189,7 @@ class TextContext:
 
             def make(n):
                 return base_text + " " + b.text(indices, n)
-        before = self.prompt_ids
+        before = self._ids
         content, ids, self._hint, n = await b.fit(make, self.planned_tokens, num_tool - b.turn_overhead,
                                                   len(indices), hint=self._hint)
         b.turn_overhead = len(ids) - len(before) - num_output - n
@@ -192,29 +197,13 @@ class TextContext:
         if generated is None:
             self.drift_tokens = -1
         else:
-            old = list(before) + list(generated)
-            self.drift_tokens = len(old) - _common_prefix(old, ids)
-        self.prompt_ids = ids
+            old = before.plus(list(generated))
+            self.drift_tokens = len(old) - common_prefix(old, Segments.of(ids))
+        self._ids = Segments.of(ids)
         if self.chat:
             self.messages = content
         else:
             self.text = content
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading ids ``a`` and ``b`` share; list slices compare at C speed, and the usual
-    answer (no drift: all of the shorter) takes one comparison."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 async def probe_content(builder: PromptBuilder, num_tokens: int) -> tuple[Any, int]:

@@ -11,6 +11,7 @@ the spec; a run whose engine stops answering ends with status ``engine_lost``. A
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import gc
 import shutil
@@ -61,17 +62,33 @@ async def flush_before_run(client: OpenAIEngineClient) -> None:
 
 # how far ahead of its arrival (wall seconds) a session's text context is built
 CONTEXT_LEAD_S = 1.0
+# a build that waits for an arrival resumes this long (wall seconds) after that arrival is due
+ARRIVAL_SETTLE_S = 1e-4
 
 
 async def build_contexts_ahead(plans, client, env: RunEnv, lead_s: float) -> None:
     """Build each session's text context (chat messages or text of exact token lengths, a
     tokenizer's work, a millisecond or more) ``lead_s`` of run time before it arrives, one at a
-    time, so that an arrival finds it ready and is sent on time. The contents do not depend on
-    when they are built."""
+    time, so that an arrival finds it ready and is sent on time. A build holds the event loop
+    while it runs, so one is not started when an arrival is due sooner than two builds take: it
+    waits until that arrival has been sent (unless its own session is due within half the lead).
+    The contents do not depend on when they are built."""
     loop = asyncio.get_running_loop()
-    for plan in sorted(plans, key=lambda p: p.arrival_s):
-        await env.clock.sleep(plan.arrival_s - lead_s - env.clock.now(), record=False)
+    clock = env.clock
+    plans = sorted(plans, key=lambda p: p.arrival_s)
+    arrivals = [p.arrival_s for p in plans]
+    settle_s = ARRIVAL_SETTLE_S * clock.time_scale
+    build_s = 0.0  # how long a build takes, in run time (a moving average)
+    for plan in plans:
+        await clock.sleep(plan.arrival_s - lead_s - clock.now(), record=False)
+        while True:
+            now = clock.now()
+            nxt = bisect.bisect_right(arrivals, now)
+            if nxt == len(arrivals) or arrivals[nxt] - now > 2 * build_s or plan.arrival_s - now < lead_s / 2:
+                break
+            await clock.sleep(arrivals[nxt] - now + settle_s, record=False)
         ready = env.ready_contexts[plan.session_id] = loop.create_future()
+        started_s = clock.now()
         try:
             context = client.session_context(plan.shape, plan.token_key, plan.session_id)
             await context.start()
@@ -79,6 +96,8 @@ async def build_contexts_ahead(plans, client, env: RunEnv, lead_s: float) -> Non
             ready.set_exception(exc)
         else:
             ready.set_result(context)
+        took_s = clock.now() - started_s
+        build_s = took_s if build_s == 0.0 else 0.8 * build_s + 0.2 * took_s
         await asyncio.sleep(0)  # what is due (arrivals, turns) runs between two builds
 
 

@@ -20,7 +20,9 @@ Both answer token ids, not only counts: the ids are what re-tokenization drift i
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
+import operator
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional, Sequence
 
@@ -99,41 +101,44 @@ class LocalTokenizer:
         return self._tok.encode(self.render(messages, add_generation_prompt), add_special_tokens=False).ids
 
     def encode_chat_from(self, messages: Sequence[dict], add_generation_prompt: bool, hint: Optional["Encoded"]
-                         ) -> tuple[list[int], "Encoded"]:
+                         ) -> tuple["Segments", "Encoded"]:
         """``encode_chat`` reusing the encoding of an earlier prompt of the same conversation
         (``hint``, as returned): only the text after the last special token the two renderings
         share is encoded again. Exact, because a tokenizer splits its special tokens out before
         anything else, so no token spans one; a context of 40K tokens then costs its new turn's
         text, not 40K tokens, per count. When the hint's messages open this list unchanged and
         the template renders turn by turn (``renders_by_turn``), only the new messages are
-        rendered too. Returns (ids, the hint for the next call)."""
-        text, bare_len = self._render_from(messages, add_generation_prompt, hint)
+        rendered too. Returns (ids, the hint for the next call); the hint keeps ``messages``, which
+        the caller does not change afterwards."""
+        text, bare_len, head_text = self._render_from(messages, add_generation_prompt, hint)
         if hint is not None:
             cut = self._shared_cut(text, hint.text)
             if cut > 0:
-                j = bisect.bisect_left(hint.starts, cut)
+                j = hint.starts.count_below(cut)
                 enc = self._tok.encode(text[cut:], add_special_tokens=False)
-                ids = hint.ids[:j] + enc.ids
-                return ids, Encoded(list(messages), text, bare_len, ids,
-                                    hint.starts[:j] + [cut + start for start, _ in enc.offsets])
+                ids = hint.ids.head(j).plus(enc.ids)
+                starts = hint.starts.head(j).plus([cut + start for start, _ in enc.offsets])
+                return ids, Encoded(messages, text, bare_len, ids, starts, head_text)
         enc = self._tok.encode(text, add_special_tokens=False)
-        return enc.ids, Encoded(list(messages), text, bare_len, enc.ids, [start for start, _ in enc.offsets])
+        ids = Segments.of(enc.ids)
+        return ids, Encoded(messages, text, bare_len, ids, Segments.of([start for start, _ in enc.offsets]), head_text)
 
     def _render_from(self, messages: Sequence[dict], add_generation_prompt: bool, hint: Optional["Encoded"]
-                     ) -> tuple[str, int]:
-        """The rendered prompt, and the length of its part without the generation prompt."""
+                     ) -> tuple[str, int, Optional[str]]:
+        """The rendered prompt, the length of its part without the generation prompt, and the
+        first HEAD_MESSAGES rendered alone when rendered turn by turn."""
         suffix = self._generation_suffix() if add_generation_prompt else ""
         old = hint.messages if hint is not None else ()
         if (HEAD_MESSAGES <= len(old) < len(messages) and self.renders_by_turn
                 and [m.get("role") for m in messages[:HEAD_MESSAGES]] == HEAD_ROLES
-                and all(a is b for a, b in zip(old, messages))):
+                and all(map(operator.is_, old, messages))):
             head = messages[:HEAD_MESSAGES]
-            head_text = self.render(head, False)
+            head_text = hint.head_text if hint.head_text is not None else self.render(head, False)
             with_new = self.render([*head, *messages[len(old):]], False)
             bare = hint.text[:hint.bare_len] + with_new[len(head_text):]
-            return bare + suffix, len(bare)
+            return bare + suffix, len(bare), head_text
         text = self.render(messages, add_generation_prompt)
-        return text, len(text) - len(suffix) if text.endswith(suffix) else len(text)
+        return text, len(text) - len(suffix) if text.endswith(suffix) else len(text), None
 
     def _generation_suffix(self) -> str:
         if not hasattr(self, "_gen_suffix"):
@@ -234,17 +239,92 @@ _PROBE_CONVERSATION = (
 )
 
 
+class Segments:
+    """Token ids (or their first characters) held as the pieces they were encoded in. A prompt
+    counted from an earlier one of its conversation shares that one's pieces up to the cut, so a
+    count costs its new text, not a copy of the whole context; comparing two prompts that share
+    pieces skips what they share (by identity)."""
+
+    __slots__ = ("parts", "ends")
+
+    def __init__(self, parts: tuple = (), ends: tuple = ()) -> None:
+        self.parts = parts  # lists, never changed once here
+        self.ends = ends  # each part's end in the whole
+
+    @classmethod
+    def of(cls, values: Sequence[int]) -> "Segments":
+        return values if isinstance(values, Segments) else cls((list(values),), (len(values),))
+
+    def __len__(self) -> int:
+        return self.ends[-1] if self.ends else 0
+
+    def __iter__(self):
+        return itertools.chain.from_iterable(self.parts)
+
+    def head(self, n: int) -> "Segments":
+        """The first ``n``."""
+        k = bisect.bisect_left(self.ends, n)
+        if k == len(self.parts):
+            return self
+        begin = self.ends[k - 1] if k else 0
+        if n == begin:
+            return Segments(self.parts[:k], self.ends[:k])
+        return Segments((*self.parts[:k], self.parts[k][:n - begin]), (*self.ends[:k], n))
+
+    def plus(self, values: list) -> "Segments":
+        if not values:
+            return self
+        return Segments((*self.parts, values), (*self.ends, len(self) + len(values)))
+
+    def count_below(self, x: int) -> int:
+        """How many values are below ``x``, for increasing values (bisect_left over the whole);
+        the parts are walked from the end, where a conversation's cut lies."""
+        for k in range(len(self.parts) - 1, -1, -1):
+            part = self.parts[k]
+            if part and part[0] < x:
+                return (self.ends[k - 1] if k else 0) + bisect.bisect_left(part, x)
+        return 0
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading values ``a`` and ``b`` share: the parts two Segments share are skipped,
+    the rest compared as lists (list slices compare at C speed; the usual answer, all of the
+    shorter, takes one comparison)."""
+    skipped = 0
+    if isinstance(a, Segments) and isinstance(b, Segments):
+        k = 0
+        while k < min(len(a.parts), len(b.parts)) and a.parts[k] is b.parts[k]:
+            k += 1
+        skipped = a.ends[k - 1] if k else 0
+        a, b = list(itertools.chain.from_iterable(a.parts[k:])), list(itertools.chain.from_iterable(b.parts[k:]))
+    else:
+        a, b = list(a), list(b)
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return skipped + n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return skipped + lo
+
+
 class Encoded:
     """A rendered and encoded chat prompt: what the next count of the same conversation reuses."""
 
-    __slots__ = ("messages", "text", "bare_len", "ids", "starts")
+    __slots__ = ("messages", "text", "bare_len", "ids", "starts", "head_text")
 
-    def __init__(self, messages: list, text: str, bare_len: int, ids: list[int], starts: list[int]) -> None:
+    def __init__(self, messages: list, text: str, bare_len: int, ids: Segments, starts: Segments,
+                 head_text: Optional[str] = None) -> None:
         self.messages = messages  # the message dicts rendered (compared by identity)
         self.text = text  # the rendered prompt
         self.bare_len = bare_len  # its length without the generation prompt
         self.ids = ids
         self.starts = starts  # each token's first character in ``text``
+        self.head_text = head_text  # the first HEAD_MESSAGES rendered alone, once rendered by turn
 
 
 def _read_config(path: Path) -> dict:
