@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence
 from trace_shapes import SessionShape
 
 from ..core.workload import Stream, rng_for
-from .tokenizer import Segments, TokenizerError, common_prefix
+from .tokenizer import Encoded, Segments, TokenizerError, common_prefix
 
 MIN_FILLER_WORDS = 16
 # random word indices drawn per written message beyond its planned length: room for the fit to
@@ -46,7 +46,7 @@ class PromptBuilder:
         self.counter = counter
         self.api = api
         self.words: list[str] = []
-        self._system: dict[tuple, tuple[Any, list[int], Optional[tuple]]] = {}
+        self._system: dict[tuple, tuple[Any, list[int], Optional[Encoded]]] = {}
         # the template's tokens around a session's first user message, and around an appended
         # turn, as the last fit found them: the next fit's first guess, usually exact (one count)
         self.start_overhead: Optional[int] = None
@@ -60,22 +60,23 @@ class PromptBuilder:
 
     def text(self, indices: Sequence[int], n: int) -> str:
         words = self.words
-        return " ".join(words[i % len(words)] for i in indices[:n])
+        m = len(words)
+        return " ".join([words[i % m] for i in indices[:n]])
 
-    async def count(self, content: Any, add_generation_prompt: bool = True, hint: Optional[tuple] = None
-                    ) -> tuple[list[int], Optional[tuple]]:
+    async def count(self, content: Any, add_generation_prompt: bool = True, hint: Optional[Encoded] = None
+                    ) -> tuple[Sequence[int], Optional[Encoded]]:
         """The content's token ids, and a hint that makes counting its continuation cheap."""
         if self.api == "chat":
             return await self.counter.chat_ids_from(content, add_generation_prompt, hint)
         return await self.counter.text_ids(content), None
 
     async def fit(self, make, target: int, guess: int, n_max: int, add_generation_prompt: bool = True,
-                  hint: Optional[tuple] = None) -> tuple[Any, list[int], Optional[tuple], int]:
+                  hint: Optional[Encoded] = None) -> tuple[Any, Sequence[int], Optional[Encoded], int]:
         """The content ``make(n)`` (n words, 0..n_max) that counts ``target`` tokens, with its ids,
         its hint and n; when no n does (a template longer than the target), the closest, shorter
         first. The content returned is the one counted (the next count's hint refers to it)."""
         n = min(max(guess, 0), n_max)
-        tried: dict[int, tuple[Any, list[int], Optional[tuple]]] = {}
+        tried: dict[int, tuple[Any, Sequence[int], Optional[Encoded]]] = {}
         for _ in range(8):
             content = make(n)
             ids, new_hint = await self.count(content, add_generation_prompt, hint)
@@ -90,7 +91,7 @@ class PromptBuilder:
         n = min(tried, key=lambda k: (abs(len(tried[k][1]) - target), len(tried[k][1])))
         return (*tried[n], n)
 
-    async def system(self, shape: SessionShape, run_key: tuple[int, str]) -> tuple[Any, list[int], Optional[tuple]]:
+    async def system(self, shape: SessionShape, run_key: tuple[int, str]) -> tuple[Any, list[int], Optional[Encoded]]:
         """The run's shared system prompt (a message, or the text) fitted to its token length, its
         ids, and the hint that counts a prompt starting with it from there."""
         seed, arm = run_key
@@ -131,7 +132,7 @@ class TextContext:
         self._ids = Segments()  # the current prompt's token ids as counted
         self.planned_tokens = shape.initial_tokens
         self.drift_tokens = 0  # of the previous turn's prompt + output, what this prompt does not start with
-        self._hint: Optional[tuple] = None  # the current prompt's encoding, to count the next one from
+        self._hint: Optional[Encoded] = None  # the current prompt's encoding, to count the next one from
 
     @property
     def content(self) -> Any:

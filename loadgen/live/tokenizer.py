@@ -212,8 +212,8 @@ class LocalTokenizer:
     async def chat_ids(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
         return self.encode_chat(messages, add_generation_prompt)
 
-    async def chat_ids_from(self, messages: Sequence[dict], add_generation_prompt: bool, hint: Optional[tuple]
-                            ) -> tuple[list[int], Optional[tuple]]:
+    async def chat_ids_from(self, messages: Sequence[dict], add_generation_prompt: bool, hint: Optional["Encoded"]
+                            ) -> tuple["Segments", Optional["Encoded"]]:
         return self.encode_chat_from(messages, add_generation_prompt, hint)
 
     async def text_ids(self, text: str) -> list[int]:
@@ -416,8 +416,8 @@ class ServerTokenizer:
                                               "add_generation_prompt": add_generation_prompt})
         return _tokens(data)
 
-    async def chat_ids_from(self, messages: Sequence[dict], add_generation_prompt: bool, hint: Optional[tuple]
-                            ) -> tuple[list[int], Optional[tuple]]:
+    async def chat_ids_from(self, messages: Sequence[dict], add_generation_prompt: bool, hint: Optional["Encoded"]
+                            ) -> tuple[list[int], Optional["Encoded"]]:
         return await self.chat_ids(messages, add_generation_prompt), None  # the server counts it all
 
     async def text_ids(self, text: str) -> list[int]:
