@@ -1,6 +1,7 @@
 """Whole runs in virtual time: determinism, pairing, recorded tables, crash safety."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -130,6 +131,29 @@ def test_crashed_run_keeps_flushed_rows(tmp_path):
     t = pq.read_table(tmp_path / "turns.parquet")
     assert t.column("session_id").to_pylist() == [0, 1, 2, 3, 4]
     assert pq.read_table(tmp_path / "samples.parquet").num_rows == 0
+
+
+def test_a_background_writer_writes_every_part_in_order_and_a_failed_write_is_raised(tmp_path):
+    with ThreadPoolExecutor(max_workers=1) as writer:
+        rec = RunRecorder(tmp_path, "r", "arm", 1, flush_interval_s=10, writer=writer)
+        for i in range(30):
+            rec.turn(i, 0, False, "synthetic", 1.0, 1.0, 2.0, 3.0, 100, 0, 10, 0, None)
+            rec.maybe_flush(float(i))  # a part every 10 s
+        rec.close()
+    assert pq.read_table(tmp_path / "turns.parquet").column("session_id").to_pylist() == list(range(30))
+
+    def fail(*args):
+        raise OSError("No space left on device")
+
+    class Failing(ThreadPoolExecutor):
+        def submit(self, fn, *args):
+            return super().submit(fail, *args)
+
+    with Failing(max_workers=1) as writer:
+        rec = RunRecorder(tmp_path / "full", "r", "arm", 1, flush_interval_s=10, writer=writer)
+        rec.turn(0, 0, False, "synthetic", 1.0, 1.0, 2.0, 3.0, 100, 0, 10, 0, None)
+        with pytest.raises(OSError, match="No space left"):
+            rec.close()
 
 
 def _controlled_spec(controller: dict):

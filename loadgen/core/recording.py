@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -102,9 +103,13 @@ class _Columns:
 class RunRecorder:
     """Collects one run's turns and samples; writes them as the run goes."""
 
-    def __init__(self, run_dir: Optional[Path], run_id: str, arm: str, seed: int, flush_interval_s: float) -> None:
+    def __init__(self, run_dir: Optional[Path], run_id: str, arm: str, seed: int, flush_interval_s: float,
+                 writer: Optional[Executor] = None) -> None:
         # run_dir None keeps the rows in memory (``tables()``): `loadgen map` runs thousands of
-        # runs and keeps only one outcome row each, so writing their Parquet would be waste
+        # runs and keeps only one outcome row each, so writing their Parquet would be waste.
+        # ``writer``: writes the Parquet parts off the caller's thread (a live run's event loop,
+        # where a write of thousands of rows would hold up the arrivals due meanwhile); one
+        # worker, so they land in order. A failed write is raised by the next flush or close.
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.run_id = run_id
         self.arm = arm
@@ -118,6 +123,8 @@ class RunRecorder:
             self._parts = self.run_dir / PARTS_DIR
             self._parts.mkdir(parents=True, exist_ok=True)
         self._num_parts = {name: 0 for name in (*TABLES, *OPTIONAL_TABLES)}
+        self._writer = writer
+        self._writes: list[Future] = []
         self._turns = _Columns(TURN_SCHEMA)
         self._samples = _Columns(SAMPLE_SCHEMA)
         self._sessions = _Columns(SESSION_SCHEMA)
@@ -196,6 +203,7 @@ class RunRecorder:
             self._next_flush_s = now_s + self.flush_interval_s
 
     def flush(self) -> None:
+        self._raise_failed_writes(wait=False)
         for name, columns in (("turns", self._turns), ("samples", self._samples), ("sessions", self._sessions),
                               ("replica_samples", self._replica_samples)):
             if len(columns) and self._in_memory is not None:
@@ -204,15 +212,26 @@ class RunRecorder:
                 index = self._num_parts[name]
                 self._num_parts[name] += 1
                 path = self._parts / f"{name}-{index:05d}.parquet"
-                tmp = path.with_name(path.name + ".tmp")
-                pq.write_table(columns.take(), tmp)
-                os.replace(tmp, path)
+                if self._writer is None:
+                    _write_part(columns.take(), path)
+                else:
+                    self._writes.append(self._writer.submit(_write_part, columns.take(), path))
+
+    def _raise_failed_writes(self, wait: bool) -> None:
+        pending = []
+        for write in self._writes:
+            if wait or write.done():
+                write.result()  # raises what the write raised
+            else:
+                pending.append(write)
+        self._writes = pending
 
     def close(self) -> None:
         for session_id, session in self._open_sessions.items():
             self._session_row(session_id, session, math.nan, "in_system")
         self._open_sessions.clear()
         self.flush()
+        self._raise_failed_writes(wait=True)
         if self.run_dir is not None:
             merge_parts(self.run_dir)
 
@@ -233,6 +252,18 @@ class _OpenSession:
     first_admit_s: float = math.nan
     turns_completed: int = 0
     num_parks: int = 0
+
+
+def warm_up() -> None:
+    """Do now what the first flush would do once: pyarrow imports pandas on its first conversion
+    of Python values, a third of a second that a live run must not spend on its clock."""
+    pa.array([0])
+
+
+def _write_part(table: pa.Table, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
 
 
 def merge_parts(run_dir: Path) -> bool:

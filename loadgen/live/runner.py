@@ -15,6 +15,7 @@ import bisect
 import contextlib
 import gc
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -26,7 +27,7 @@ from ..core.lateness import lag_report
 from .progress import LiveProgress, LiveSnapshot
 from .http_client import EndpointOptions, OpenAIEngineClient, PreflightError, Transport, api_key_from_env
 from .replicas import ReplicaSetClient, make_client
-from ..core.recording import RunRecorder, write_json_atomic
+from ..core.recording import RunRecorder, warm_up as warm_up_recording, write_json_atomic
 from ..core.runner import run_info, sample_row
 from ..core.session import RetryPolicy, RunEnv, run_session_recording_crashes
 from ..core.spec import ExperimentSpec, FlushTrigger, OpenAIEngineSpec
@@ -66,20 +67,34 @@ CONTEXT_LEAD_S = 1.0
 ARRIVAL_SETTLE_S = 1e-4
 
 
+async def build_context(plan, client, ready_contexts: dict) -> None:
+    """Start building a session's text context (chat messages or text of exact token lengths, a
+    tokenizer's work, a millisecond or more): a future of it in ``ready_contexts``, which its
+    session awaits when it arrives. A build that fails fails that session, as it would have."""
+    ready = ready_contexts[plan.session_id] = asyncio.get_running_loop().create_future()
+    try:
+        context = client.session_context(plan.shape, plan.token_key, plan.session_id)
+        await context.start()
+    except Exception as exc:
+        ready.set_exception(exc)
+    else:
+        ready.set_result(context)
+
+
 async def build_contexts_ahead(plans, client, env: RunEnv, lead_s: float) -> None:
-    """Build each session's text context (chat messages or text of exact token lengths, a
-    tokenizer's work, a millisecond or more) ``lead_s`` of run time before it arrives, one at a
-    time, so that an arrival finds it ready and is sent on time. A build holds the event loop
-    while it runs, so one is not started when an arrival is due sooner than two builds take: it
-    waits until that arrival has been sent (unless its own session is due within half the lead).
-    The contents do not depend on when they are built."""
-    loop = asyncio.get_running_loop()
+    """Build each session's text context ``lead_s`` of run time before it arrives, one at a time,
+    so that an arrival finds it ready and is sent on time. A build holds the event loop while it
+    runs, so one is not started when an arrival is due sooner than two builds take: it waits
+    until that arrival has been sent (unless its own session is due within half the lead). The
+    contents do not depend on when they are built."""
     clock = env.clock
     plans = sorted(plans, key=lambda p: p.arrival_s)
     arrivals = [p.arrival_s for p in plans]
     settle_s = ARRIVAL_SETTLE_S * clock.time_scale
     build_s = 0.0  # how long a build takes, in run time (a moving average)
     for plan in plans:
+        if plan.session_id in env.ready_contexts:  # built before the run started
+            continue
         await clock.sleep(plan.arrival_s - lead_s - clock.now(), record=False)
         while True:
             now = clock.now()
@@ -87,15 +102,8 @@ async def build_contexts_ahead(plans, client, env: RunEnv, lead_s: float) -> Non
             if nxt == len(arrivals) or arrivals[nxt] - now > 2 * build_s or plan.arrival_s - now < lead_s / 2:
                 break
             await clock.sleep(arrivals[nxt] - now + settle_s, record=False)
-        ready = env.ready_contexts[plan.session_id] = loop.create_future()
         started_s = clock.now()
-        try:
-            context = client.session_context(plan.shape, plan.token_key, plan.session_id)
-            await context.start()
-        except Exception as exc:  # the session meets it when it arrives, and crashes as it would have
-            ready.set_exception(exc)
-        else:
-            ready.set_result(context)
+        await build_context(plan, client, env.ready_contexts)
         took_s = clock.now() - started_s
         build_s = took_s if build_s == 0.0 else 0.8 * build_s + 0.2 * took_s
         await asyncio.sleep(0)  # what is due (arrivals, turns) runs between two builds
@@ -188,14 +196,23 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
         raise
 
     server_lateness_before = await client.server_lateness()  # serve-sim's, since it started
+    text_prompts = getattr(client, "prompts", None) is not None
+    lead_s = CONTEXT_LEAD_S * spec.time_scale
+    ready_contexts: dict = {}
+    if text_prompts:  # the first second's arrivals find theirs built before the clock starts
+        for plan in plans:
+            if plan.arrival_s < lead_s:
+                await build_context(plan, client, ready_contexts)
+    warm_up_recording()
     clock = WallClock(spec.time_scale)  # run time 0 is now, after the preflight
     client.clock = clock
     gateway = Gateway(clock, make_policy(ctl.name, **ctl.params), client.pool_tokens, ctl.start_s)
     # a live run is not re-runnable in a second: write its rows at least every real minute
     flush_interval_s = min(spec.recording.flush_interval_s, 60.0 * spec.time_scale)
-    recorder = RunRecorder(run_dir, key.run_id, key.arm, key.seed, flush_interval_s)
+    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loadgen-parquet")
+    recorder = RunRecorder(run_dir, key.run_id, key.arm, key.seed, flush_interval_s, writer)
     retry = RetryPolicy(engine_spec.retry.max_attempts, engine_spec.retry.backoff_s)
-    env = RunEnv(clock, client, gateway, recorder, retry=retry)
+    env = RunEnv(clock, client, gateway, recorder, retry=retry, ready_contexts=ready_contexts)
     tasks: set[asyncio.Task] = set()
     stop = asyncio.Event()
     flush_errors: list[str] = []
@@ -213,8 +230,8 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
 
     for plan in plans:
         clock.call_at(plan.arrival_s, start, plan)
-    if getattr(client, "prompts", None) is not None:
-        tasks.add(clock.spawn(build_contexts_ahead(plans, client, env, CONTEXT_LEAD_S * spec.time_scale)))
+    if text_prompts:
+        tasks.add(clock.spawn(build_contexts_ahead(plans, client, env, lead_s)))
     for trig in arm.triggers:
         if isinstance(trig, FlushTrigger):
             clock.call_at(trig.at_s, lambda: tasks.add(clock.spawn(flush())))
@@ -253,7 +270,10 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
         for task in list(tasks):
             task.cancel()
         await asyncio.gather(sampler_task, *tasks, return_exceptions=True)
-        recorder.close()
+        try:
+            recorder.close()
+        finally:
+            writer.shutdown()
         server_lateness = await client.server_lateness()
         await client.close()
     c = env.counts
