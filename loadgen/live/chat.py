@@ -23,7 +23,10 @@ unknown, the server returned no ids). docs/chat.md says more.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Optional, Sequence
+
+import orjson
 
 from trace_shapes import SessionShape
 
@@ -34,6 +37,26 @@ MIN_FILLER_WORDS = 16
 # random word indices drawn per written message beyond its planned length: room for the fit to
 # write more words than planned when the template or the returned text takes fewer tokens
 SPARE_WORDS = 64
+
+
+class Messages(list):
+    """A chat context's message list with its JSON array kept: a turn's request encodes only the
+    messages appended since the previous turn's (by identity), not the whole conversation (the
+    list only grows; each turn's is a new one)."""
+
+    __slots__ = ("_json",)
+
+    def __init__(self, messages: Sequence[dict] = (), earlier: Optional["Messages"] = None) -> None:
+        super().__init__(messages)
+        if earlier is not None and 0 < len(earlier) <= len(self) and all(map(operator.is_, earlier, self)):
+            new = self[len(earlier):]
+            self._json = earlier._json if not new else earlier._json[:-1] + b"," + orjson.dumps(new)[1:]
+        else:
+            self._json = orjson.dumps(list(self))
+
+    def json(self) -> bytes:
+        """The messages as a JSON array, the same bytes as ``orjson.dumps(list(self))``."""
+        return self._json
 
 
 class PromptBuilder:
@@ -126,8 +149,10 @@ class TextContext:
         self.run_key = run_key
         seed, arm = run_key
         self._rng = rng_for(Stream.SESSION_TOKENS, seed, arm, session_id)
+        self._drawn: list[int] = []
+        self._num_used = 0
         self.chat = builder.api == "chat"
-        self.messages: list[dict] = []
+        self.messages = Messages()
         self.text = ""
         self._ids = Segments()  # the current prompt's token ids as counted
         self.planned_tokens = shape.initial_tokens
@@ -136,7 +161,7 @@ class TextContext:
 
     @property
     def content(self) -> Any:
-        return list(self.messages) if self.chat else self.text
+        return self.messages if self.chat else self.text
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -144,7 +169,14 @@ class TextContext:
         return list(self._ids)
 
     def _indices(self, n: int) -> list[int]:
-        return self._rng.integers(0, 1 << 30, size=n + SPARE_WORDS).tolist()
+        """``n`` + SPARE_WORDS random word indices, from draws made a block at a time (a call to
+        the generator costs more than the few dozen words a turn usually writes)."""
+        n += SPARE_WORDS
+        if len(self._drawn) - self._num_used < n:
+            self._drawn = self._drawn[self._num_used:] + self._rng.integers(0, 1 << 30, size=max(n, 1024)).tolist()
+            self._num_used = 0
+        self._num_used += n
+        return self._drawn[self._num_used - n:self._num_used]
 
     async def start(self) -> None:
         b = self.builder
@@ -167,7 +199,7 @@ class TextContext:
         self._ids = Segments.of(ids)
         b.start_overhead = len(ids) - len(head_ids) - n
         if self.chat:
-            self.messages = content
+            self.messages = Messages(content)
         else:
             self.text = content
 
@@ -202,7 +234,7 @@ class TextContext:
             self.drift_tokens = len(old) - common_prefix(old, Segments.of(ids))
         self._ids = Segments.of(ids)
         if self.chat:
-            self.messages = content
+            self.messages = Messages(content, self.messages)
         else:
             self.text = content
 

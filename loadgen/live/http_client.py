@@ -34,7 +34,7 @@ from ..core.clock import Clock
 from ..core.engines import EngineMetrics, TurnRequest, TurnResult
 from ..core.lateness import LatenessHistogram
 from ..core.session import TokenContext, TokenIds
-from .chat import PromptBuilder, probe_content
+from .chat import Messages, PromptBuilder, probe_content
 from .tokenizer import LocalTokenizer, ServerTokenizer, TokenizerError
 
 # serve-sim's lateness histogram (JSON); a real server answers 404 and has no lag of its own to report
@@ -343,9 +343,10 @@ class OpenAIEngineClient:
         if self.options.session_header:
             headers = {**headers, self.options.session_header: self.session_value(request.session_id)}
         prompt = self._prompt(request)
-        if isinstance(prompt, TokenIds):  # its JSON kept up to date as the context grows
+        if isinstance(prompt, (TokenIds, Messages)):  # its JSON kept up to date as the context grows
             fields = orjson.dumps(self._body(request, None))  # '{"model":..,"prompt":null,..}'
-            body = fields.replace(b'"prompt":null', b'"prompt":' + prompt.json(), 1)
+            key = b'"messages":' if self.api == "chat" else b'"prompt":'
+            body = fields.replace(key + b"null", key + prompt.json(), 1)
         else:
             body = orjson.dumps(self._body(request, prompt))
         try:

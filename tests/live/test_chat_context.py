@@ -3,6 +3,7 @@
 import asyncio
 import json
 
+import orjson
 import pytest
 
 from loadgen.core.engines import TurnResult
@@ -57,6 +58,8 @@ def test_every_prompt_has_exactly_the_planned_tokens_and_the_context_only_grows(
         run(ctx.extend(result(text, ids), s.output_tokens[k], tool))
         planned += s.output_tokens[k] + tool
         assert count(ctx.content) == planned == len(ctx.prompt_ids)
+        if api == "chat":  # the request's JSON, kept turn by turn, is the whole list's
+            assert ctx.content.json() == orjson.dumps(list(ctx.content))
         if api == "chat":  # counted from the previous prompt's encoding: the same ids as encoding it all
             assert ctx.prompt_ids == tok.encode_chat(ctx.content)
         # append-only: the new prompt starts with the old one and the generated ids (no drift here)
