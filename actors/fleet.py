@@ -178,6 +178,7 @@ class SessionFleetHost:
         """Run these sessions from run time 0 to the end (or ``stop``); returns the final counts."""
         clock = WallClock(settings.time_scale, origin_epoch_s=settings.origin_epoch_s)
         client = self.engine_client(clock, settings)
+        await client.prepare_prompts()
         proxy = RecorderProxy()
         env = RunEnv(clock, client, RemoteGate(controller, clock), proxy, retry=settings.retry)
         state = _FleetRun(env, proxy, asyncio.Event())

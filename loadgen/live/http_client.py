@@ -594,6 +594,13 @@ class OpenAIEngineClient:
                     "or the model's directory)") from None
         return None
 
+    async def prepare_prompts(self) -> None:
+        """For a client that skips the preflight because the run's preflight settled its
+        ``prompt_mode`` (a Ray fleet's): the prompt builder that text prompts need, so that they
+        have the exact lengths the run's preflight reported."""
+        if self.prompt_mode == "text" and self.prompts is None:
+            self.prompts = await self._prompt_builder(required=self.api == "chat")
+
     def session_context(self, shape, run_key: tuple[int, str], session_id: int):
         """A session's context (loadgen/core/session.py): token ids, or text built by the preflight's
         prompt builder (chat messages, or the completions text fallback)."""

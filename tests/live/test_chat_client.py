@@ -101,3 +101,21 @@ def test_a_completions_run_on_a_chat_only_endpoint_is_told_to_use_the_chat_api(t
 
     with pytest.raises(PreflightError, match="/v1/completions answered HTTP 404.*engine.api: chat"):
         run(go())
+
+
+def test_a_client_without_its_own_preflight_builds_text_prompts_as_the_run_preflight_said(tok):
+    """A Ray fleet's client: the run's preflight settled prompt_mode; prepare_prompts gives it the
+    same exact-length prompts (not the one-word-per-id approximation)."""
+    options = EndpointOptions(url="http://engine:8000", api="chat", model="tiny", tokenizer=str(tok.path))
+
+    async def go():
+        client = OpenAIEngineClient(WallClock(), options, MockTransport(chat_server(tok)))
+        client.prompt_mode = "text"  # as the run's preflight reported
+        await client.prepare_prompts()
+        ctx = client.session_context(SessionShape("synthetic", 300, (2,), (), (), shared_prefix_tokens=100),
+                                     (1, "base"), 4)
+        await ctx.start()
+        return ctx
+
+    ctx = run(go())
+    assert len(tok.encode_chat(ctx.content)) == 300
