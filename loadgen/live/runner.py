@@ -81,19 +81,20 @@ async def build_context(plan, client, ready_contexts: dict) -> None:
         ready.set_result(context)
 
 
-async def build_contexts_ahead(plans, client, env: RunEnv, lead_s: float) -> None:
+async def build_contexts_ahead(plans, client, env: RunEnv, lead_s: float, prebuilt: frozenset = frozenset()) -> None:
     """Build each session's text context ``lead_s`` of run time before it arrives, one at a time,
     so that an arrival finds it ready and is sent on time. A build holds the event loop while it
     runs, so one is not started when an arrival is due sooner than two builds take: it waits
     until that arrival has been sent (unless its own session is due within half the lead). The
-    contents do not depend on when they are built."""
+    contents do not depend on when they are built. ``prebuilt``: the sessions whose contexts were
+    built before the run started."""
     clock = env.clock
     plans = sorted(plans, key=lambda p: p.arrival_s)
     arrivals = [p.arrival_s for p in plans]
     settle_s = ARRIVAL_SETTLE_S * clock.time_scale
     build_s = 0.0  # how long a build takes, in run time (a moving average)
     for plan in plans:
-        if plan.session_id in env.ready_contexts:  # built before the run started
+        if plan.session_id in prebuilt:
             continue
         await clock.sleep(plan.arrival_s - lead_s - clock.now(), record=False)
         while True:
@@ -231,7 +232,7 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
     for plan in plans:
         clock.call_at(plan.arrival_s, start, plan)
     if text_prompts:
-        tasks.add(clock.spawn(build_contexts_ahead(plans, client, env, lead_s)))
+        tasks.add(clock.spawn(build_contexts_ahead(plans, client, env, lead_s, prebuilt=set(ready_contexts))))
     for trig in arm.triggers:
         if isinstance(trig, FlushTrigger):
             clock.call_at(trig.at_s, lambda: tasks.add(clock.spawn(flush())))
