@@ -21,6 +21,7 @@ import ray
 
 from loadgen.core.clock import Clock, WallClock
 from loadgen.live.http_client import EndpointOptions, OpenAIEngineClient
+from loadgen.live.runner import CONTEXT_LEAD_S, build_contexts_ahead
 from loadgen.core.session import RetryPolicy, RunEnv, SessionCounts, run_session_recording_crashes
 from loadgen.core.workload import SessionPlan
 
@@ -191,6 +192,8 @@ class SessionFleetHost:
 
         for plan in plans:
             clock.call_at(plan.arrival_s, start, plan)
+        if client.prompts is not None:  # text prompts: built ahead of arrival, as a local run does
+            state.tasks.add(clock.spawn(build_contexts_ahead(plans, client, env, CONTEXT_LEAD_S * settings.time_scale)))
         shipper = asyncio.ensure_future(self._ship_until_stopped(settings.run_id, proxy, recorder))
         ends = [asyncio.ensure_future(state.stop.wait()),
                 asyncio.ensure_future(clock.sleep(settings.duration_s - clock.now()))]

@@ -48,6 +48,8 @@ def server_command(spec: LaunchedEngineSpec, host: str, port: int, time_scale: f
                "--max-model-len", str(sim.max_model_len), "--cost-model", cost_model_arg or str(sim.cost_model)]
     if not sim.enable_prefix_caching:
         command.append("--no-prefix-caching")
+    if spec.tokenizer:  # the server counts prompts as the sessions that build them do
+        command += ["--tokenizer", spec.tokenizer]
     return command + list(spec.flags)
 
 

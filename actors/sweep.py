@@ -329,6 +329,7 @@ class _LiveRun:
             self.info.update(endpoint=served["url"], server_command=served["command"])
             self.endpoint = EndpointOptions(url=served["url"], model=served["model"],
                                             request_timeout_s=engine.request_timeout_s,
+                                            api=engine.api, tokenizer=engine.tokenizer,
                                             server="sglang" if engine.kind == "sglang" else "vllm")
             self.controller_actor = ControllerActor.options(scheduling_strategy=self.strategy).remote(
                 spec, self.key.arm, self.key.run_id, self.endpoint)

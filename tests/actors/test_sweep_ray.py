@@ -130,3 +130,24 @@ def test_a_server_that_cannot_start_fails_its_runs_with_its_log(ray_local, tmp_p
     for info in results:
         assert info["status"] == "failed"
         assert "exited with code 2 while starting" in info["error"] and "--no-such-flag" in info["error"]
+
+
+def test_a_chat_sweep_sends_message_lists_of_the_planned_lengths(ray_local, tmp_path):
+    """api chat on a launched engine: the controller's preflight settles text prompts, and every
+    fleet builds the same message lists to the same exact lengths (here with serve-sim's own
+    /tokenize) as the run in virtual time plans them."""
+    data = make_spec_dict(engine={"kind": "serve_sim", "api": "chat", "simulator": {"pool_tokens": 160_000}},
+                          time_scale=60.0, seeds=[1], arms=[{"name": "base"}])
+    spec = parse_spec(data)
+    [info] = run_sweep(spec, tmp_path, run_keys(spec), num_fleets=2)
+    assert info["status"] == "completed", info["error"]
+    assert info["preflight"]["api"] == "chat" and info["preflight"]["prompt_lengths"]["exact"]
+    turns = pq.read_table(tmp_path / "runs" / "base-s1" / "turns.parquet").to_pydict()
+    virtual = tmp_path / "virtual"
+    run_experiment(make_spec(time_scale=60.0, seeds=[1], arms=[{"name": "base"}]), virtual, run_keys(spec))
+    expected = pq.read_table(virtual / "runs" / "base-s1" / "turns.parquet").to_pydict()
+    planned = dict(zip(zip(expected["session_id"], expected["turn_index"]), expected["prompt_tokens"]))
+    live = dict(zip(zip(turns["session_id"], turns["turn_index"]), turns["prompt_tokens"]))
+    assert len(live) > 20 and all(e is None for e in turns["error"])
+    assert all(live[k] == planned[k] for k in live.keys() & planned.keys())
+    assert max(turns["cached_tokens"]) > 0

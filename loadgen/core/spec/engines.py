@@ -193,16 +193,22 @@ class OpenAIEngineSpec(_Model):
     @field_validator("tokenizer")
     @classmethod
     def _tokenizer_exists(cls, value: Optional[str], info: ValidationInfo) -> Optional[str]:
-        if value is None:
-            return None
-        path = Path(value).expanduser()
-        base_dir = (info.context or {}).get("base_dir")
-        if not path.is_absolute() and base_dir is not None:
-            path = Path(base_dir) / path
-        if not (path.is_file() or (path / "tokenizer.json").is_file()):
-            raise ValueError(f"no tokenizer.json at {path} (expected a tokenizer.json file or a model directory "
-                             "holding one)")
-        return str(path.resolve())
+        return _tokenizer_path(value, info)
+
+
+def _tokenizer_path(value: Optional[str], info: ValidationInfo) -> Optional[str]:
+    """A spec's tokenizer (a tokenizer.json or a model directory holding one), made absolute:
+    a relative path is relative to the spec's directory."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    base_dir = (info.context or {}).get("base_dir")
+    if not path.is_absolute() and base_dir is not None:
+        path = Path(base_dir) / path
+    if not (path.is_file() or (path / "tokenizer.json").is_file()):
+        raise ValueError(f"no tokenizer.json at {path} (expected a tokenizer.json file or a model directory "
+                         "holding one)")
+    return str(path.resolve())
 
 
 # an HTTP header name (RFC 9110 token)
@@ -256,6 +262,19 @@ class LaunchedEngineSpec(_Model):
     request_timeout_s: float = Field(600.0, gt=0, description="Give up on one request after this long.")
     retry: RetrySpec = Field(default_factory=RetrySpec, description="Per-turn retry policy.")
     flush_before_run: bool = Field(True, description="Reset the prefix cache before each run (after warm-up probes).")
+    api: Literal["completions", "chat"] = Field(
+        "completions", description=(
+            "completions: /v1/completions with token-id prompts; chat: /v1/chat/completions with a message list "
+            "per session, built to exact token lengths (docs/chat.md)."))
+    tokenizer: Optional[str] = Field(None, description=(
+        "A tokenizer.json or a model directory holding one (and its chat template), readable on every node: "
+        "counts the text prompts of api chat; default: the server's /tokenize. serve_sim serves with it too. "
+        "A relative path is relative to the spec's directory."))
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer_exists(cls, value: Optional[str], info: ValidationInfo) -> Optional[str]:
+        return _tokenizer_path(value, info)
 
     @property
     def name(self) -> str:
