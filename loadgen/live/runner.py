@@ -232,7 +232,7 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
     for plan in plans:
         clock.call_at(plan.arrival_s, start, plan)
     if text_prompts:
-        tasks.add(clock.spawn(build_contexts_ahead(plans, client, env, lead_s, prebuilt=set(ready_contexts))))
+        tasks.add(clock.spawn(build_contexts_ahead(plans, client, env, lead_s, prebuilt=frozenset(ready_contexts))))
     for trig in arm.triggers:
         if isinstance(trig, FlushTrigger):
             clock.call_at(trig.at_s, lambda: tasks.add(clock.spawn(flush())))
