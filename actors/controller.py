@@ -20,6 +20,7 @@ import ray
 from controllers import make_policy
 from loadgen.core.clock import WallClock
 from loadgen.core.gateway import Gateway
+from loadgen.core.lateness import LatenessHistogram
 from loadgen.live.http_client import EndpointOptions, OpenAIEngineClient, PreflightError
 from loadgen.live.runner import flush_before_run as live_flush_before_run, max_context_tokens
 from loadgen.core.runner import sample_row
@@ -29,10 +30,12 @@ from loadgen.core.spec import ExperimentSpec, FlushTrigger
 
 @dataclasses.dataclass
 class FleetCounts:
-    """What one fleet reports for one run: its sessions by state and its completed turns."""
+    """What one fleet reports for one run: its sessions by state and its completed turns; at the
+    run's end, also its clock's timer lateness (a LatenessHistogram's JSON)."""
 
     sessions: SessionCounts
     turns_completed: int = 0
+    lateness: Optional[dict] = None
 
 
 def merge_counts(reports: list[FleetCounts]) -> FleetCounts:
@@ -40,7 +43,9 @@ def merge_counts(reports: list[FleetCounts]) -> FleetCounts:
     for report in reports:
         for field in dataclasses.fields(SessionCounts):
             setattr(total, field.name, getattr(total, field.name) + getattr(report.sessions, field.name))
-    return FleetCounts(total, sum(r.turns_completed for r in reports))
+    latenesses = [LatenessHistogram.from_json(r.lateness) for r in reports if r.lateness is not None]
+    return FleetCounts(total, sum(r.turns_completed for r in reports),
+                       LatenessHistogram.merged(latenesses).to_json() if latenesses else None)
 
 
 @dataclasses.dataclass

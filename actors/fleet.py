@@ -205,7 +205,9 @@ class SessionFleetHost:
             await asyncio.gather(shipper, *ends, *state.tasks, return_exceptions=True)
             await client.close()
         await recorder.record.remote(settings.run_id, proxy.take())
-        return self.counts(settings.run_id)
+        counts = self.counts(settings.run_id)
+        counts.lateness = clock.lateness.to_json()  # arrivals and think times on this fleet's clock
+        return counts
 
     def engine_client(self, clock: WallClock, settings: LiveRunSettings) -> OpenAIEngineClient:
         """The sessions' client of the run's engine (the seam a test double replaces)."""

@@ -32,6 +32,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from loadgen.core.clock import epoch_s
 from loadgen.live.http_client import EndpointOptions
+from loadgen.live.runner import median_turn_latency_s
+from loadgen.core.lateness import LatenessHistogram, lag_report
 from loadgen.core.recording import write_json_atomic
 from loadgen.core.runner import RunKey, completed_run, mark_interrupted, run_info, run_simulated, run_spec
 from loadgen.core.same_spec import MixedSpecError, check_results_dir_spec
@@ -342,6 +344,7 @@ class _LiveRun:
     async def execute(self, origin_epoch_s: float) -> None:
         sweep, spec, key = self.sweep, self.sweep.spec, self.key
         recording = False
+        lateness: Optional[dict] = None
         exited: Optional[asyncio.Future] = None
         ran: Optional[asyncio.Future] = None
         try:
@@ -370,6 +373,7 @@ class _LiveRun:
                 raise (await self._engine_death(exited) if exited.done() else ran.exception())
             flushes, *fleet_counts = ran.result()
             counts = merge_counts(fleet_counts)
+            lateness = counts.lateness
             crashed = counts.sessions.crashed_total
             # as a live run (loadgen.live.runner): the run reached its end, but the load it offered
             # was not the spec's if a session crashed
@@ -395,6 +399,9 @@ class _LiveRun:
                 _settle(exited)
             if recording:
                 await sweep.recorder.close.remote(key.run_id)
+            if lateness is not None:  # as a live run: a flag beside the status when the fleets' clocks slipped
+                self.info["lagging"], self.info["lag"] = lag_report(
+                    LatenessHistogram.from_json(lateness), None, median_turn_latency_s(self.run_dir / "turns.parquet"))
             self._write()
 
     async def _engine_death(self, exited: asyncio.Future) -> EngineDied:

@@ -165,6 +165,19 @@ def test_a_snapshot_difference_is_one_window_of_a_long_lived_histogram():
     assert restarted.since(before).summary() == {"num_timers": 1, "p50_s": 0.5, "p99_s": 0.5, "max_s": 0.5}
 
 
+def test_fleets_histograms_merge_into_the_histogram_of_all_their_timers():
+    lates = ([0.001] * 50, [0.002] * 40 + [0.4] * 9 + [2.0])  # two fleets' clocks of one run
+    parts, whole = [], LatenessHistogram()
+    for fleet in lates:
+        hist = LatenessHistogram()
+        for late in fleet:
+            hist.record(late)
+            whole.record(late)
+        parts.append(hist)
+    assert LatenessHistogram.merged(parts).to_json() == whole.to_json()
+    assert LatenessHistogram.merged([]).summary()["num_timers"] == 0
+
+
 def test_a_run_is_lagging_when_the_worse_sides_p99_passes_5_percent_of_the_median_turn():
     driver, server = LatenessHistogram(), LatenessHistogram()
     for _ in range(100):

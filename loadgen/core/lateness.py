@@ -15,7 +15,7 @@ histogram (serve-sim's) can be subtracted to get one run's window.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 # bucket 0 holds lateness <= SMALLEST_S (including timers that fired a hair early); bucket k >= 1
 # holds (SMALLEST_S * RATIO^(k-1), SMALLEST_S * RATIO^k]; the last one everything above
@@ -92,6 +92,18 @@ class LatenessHistogram:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"not a lateness histogram: {exc!r}") from None
         return hist
+
+    @classmethod
+    def merged(cls, histograms: "Iterable[LatenessHistogram]") -> "LatenessHistogram":
+        """One histogram of all these timers (several processes' clocks driving one run)."""
+        out = cls()
+        for hist in histograms:
+            out.count += hist.count
+            out.sum_s += hist.sum_s
+            out.max_s = max(out.max_s, hist.max_s)
+            for k, n in hist.buckets.items():
+                out.buckets[k] = out.buckets.get(k, 0) + n
+        return out
 
     def since(self, earlier: "LatenessHistogram") -> "LatenessHistogram":
         """The timers recorded after the snapshot ``earlier`` of this same histogram. The window's

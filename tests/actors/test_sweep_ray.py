@@ -142,6 +142,11 @@ def test_a_chat_sweep_sends_message_lists_of_the_planned_lengths(ray_local, tmp_
     [info] = run_sweep(spec, tmp_path, run_keys(spec), num_fleets=2)
     assert info["status"] == "completed", info["error"]
     assert info["preflight"]["api"] == "chat" and info["preflight"]["prompt_lengths"]["exact"]
+    # the fleets' clocks are checked for lag as a local run's is: every arrival's timer counted (at
+    # 60x on a busy 2-core machine the run may well lag: the flag must then say so)
+    lag = info["lag"]
+    assert lag["source"] == "driver" and lag["driver"]["num_timers"] >= info["counts"]["sessions_arrived"] > 0
+    assert info["lagging"] == (lag["p99_s"] > lag["bound_s"])
     turns = pq.read_table(tmp_path / "runs" / "base-s1" / "turns.parquet").to_pydict()
     virtual = tmp_path / "virtual"
     run_experiment(make_spec(time_scale=60.0, seeds=[1], arms=[{"name": "base"}]), virtual, run_keys(spec))
