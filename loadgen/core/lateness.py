@@ -95,7 +95,7 @@ class LatenessHistogram:
 
     @classmethod
     def merged(cls, histograms: "Iterable[LatenessHistogram]") -> "LatenessHistogram":
-        """One histogram of all these timers (several processes' clocks driving one run)."""
+        """One histogram of all these timers (several fleets' clocks of one run, several replicas)."""
         out = cls()
         for hist in histograms:
             out.count += hist.count

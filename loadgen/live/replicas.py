@@ -86,14 +86,7 @@ class ReplicaSetClient(OpenAIEngineClient):
         found = [h for h in await asyncio.gather(*(r.server_lateness() for r in self.replicas)) if h is not None]
         if not found:
             return None
-        merged = LatenessHistogram()
-        for hist in found:
-            merged.count += hist.count
-            merged.sum_s += hist.sum_s
-            merged.max_s = max(merged.max_s, hist.max_s)
-            for k, n in hist.buckets.items():
-                merged.buckets[k] = merged.buckets.get(k, 0) + n
-        return merged
+        return LatenessHistogram.merged(found)
 
     # ---------------------------------------------------------------- pool, block size
     async def preflight(self, needed_context_tokens: int = 0, pool_tokens: Optional[int] = None) -> dict:

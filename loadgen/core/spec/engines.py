@@ -123,6 +123,10 @@ class RetrySpec(_Model):
     backoff_s: float = Field(1.0, ge=0, description="Wait before the 2nd try; doubles after each failure.")
 
 
+API_DESCRIPTION = ("completions: /v1/completions with token-id prompts; chat: /v1/chat/completions with a "
+                   "message list per session, built to exact token lengths (docs/chat.md).")
+
+
 class OpenAIEngineSpec(_Model):
     """A real server: vLLM, SGLang or any OpenAI-compatible endpoint."""
 
@@ -142,10 +146,7 @@ class OpenAIEngineSpec(_Model):
     flush_before_run: bool = Field(True, description=(
         "Reset the prefix cache before each run (a fresh engine); a failed reset stops the run "
         "(vLLM needs VLLM_SERVER_DEV_MODE=1). false: run on whatever the server has cached."))
-    api: Literal["completions", "chat"] = Field(
-        "completions", description=(
-            "completions: /v1/completions with token-id prompts; chat: /v1/chat/completions with a message list "
-            "per session, built to exact token lengths (docs/chat.md)."))
+    api: Literal["completions", "chat"] = Field("completions", description=API_DESCRIPTION)
     tokenizer: Optional[str] = Field(None, description=(
         "A tokenizer.json or a model directory holding one (and its chat template): counts the text prompts of "
         "api chat and of the completions text fallback; default: the server's /tokenize. A relative path is "
@@ -262,10 +263,7 @@ class LaunchedEngineSpec(_Model):
     request_timeout_s: float = Field(600.0, gt=0, description="Give up on one request after this long.")
     retry: RetrySpec = Field(default_factory=RetrySpec, description="Per-turn retry policy.")
     flush_before_run: bool = Field(True, description="Reset the prefix cache before each run (after warm-up probes).")
-    api: Literal["completions", "chat"] = Field(
-        "completions", description=(
-            "completions: /v1/completions with token-id prompts; chat: /v1/chat/completions with a message list "
-            "per session, built to exact token lengths (docs/chat.md)."))
+    api: Literal["completions", "chat"] = Field("completions", description=API_DESCRIPTION)
     tokenizer: Optional[str] = Field(None, description=(
         "A tokenizer.json or a model directory holding one (and its chat template), readable on every node: "
         "counts the text prompts of api chat; default: the server's /tokenize. serve_sim serves with it too. "
