@@ -6,12 +6,14 @@ The one place that knows both runners, so that the run core (loadgen/core) and t
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Callable, Optional
 
 import yaml
 
 from .analysis.windows_table import write_windows
+from .core.run_pool import run_pooled
 from .core.runner import RunKey, completed_run, mark_interrupted, run_simulated
 from .core.same_spec import check_results_dir_spec
 from .core.spec import ExperimentSpec, SpecError
@@ -25,8 +27,10 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path, keys: list[RunKey], spec
                    on_run_start: Optional[Callable[[RunKey], None]] = None,
                    wall_time: Optional[Callable[[], float]] = None, resume: bool = False,
                    on_run_skipped: Optional[Callable[[RunKey, dict], None]] = None,
-                   on_progress: Optional[Callable[[RunKey, LiveSnapshot], None]] = None) -> list[dict]:
-    """Run ``keys`` one after another; a failed run is recorded and the others go on.
+                   on_progress: Optional[Callable[[RunKey, LiveSnapshot], None]] = None,
+                   num_workers: int = 1) -> list[dict]:
+    """Run ``keys`` (simulated ones over ``num_workers`` processes, live ones one after another);
+    a failed run is recorded and the others go on. Results come back in ``keys``' order.
 
     MixedSpecError, before anything is written, when ``out_dir`` holds runs of another spec
     (``loadgen.core.same_spec``: one results directory, one spec). With ``resume``, runs whose
@@ -42,13 +46,28 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path, keys: list[RunKey], spec
     check_results_dir_spec(out_dir, spec)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
-    results = []
+    results: dict[RunKey, dict] = {}
+    to_run = []
     for key in keys:
         if resume and (done := completed_run(out_dir, spec, key)) is not None:
-            results.append(done)
+            results[key] = done
             if on_run_skipped:
                 on_run_skipped(key, done)
-            continue
+        else:
+            to_run.append(key)
+    if spec.engine.kind != "openai" and num_workers > 1 and len(to_run) > 1:
+        try:
+            for key, info, wall_s in run_pooled(partial(_simulate_one, spec, out_dir, spec_dir), to_run,
+                                                min(num_workers, len(to_run)), on_run_start):
+                results[key] = info
+                if on_run_done:
+                    on_run_done(key, info, wall_s)
+        except KeyboardInterrupt as exc:  # Ctrl-C: the runs under way say so in their run.json
+            for key in (exc.args[1] if len(exc.args) > 1 else []):
+                mark_interrupted(spec, key, out_dir)
+            raise
+        return [results[key] for key in keys]
+    for key in to_run:
         if on_run_start:
             on_run_start(key)
         t0 = wall_time() if wall_time else 0.0
@@ -56,16 +75,31 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path, keys: list[RunKey], spec
             if spec.engine.kind == "openai":
                 info = run_live(spec, key, out_dir, on_progress=(
                     (lambda snapshot, key=key: on_progress(key, snapshot)) if on_progress else None))
+                if info.get("status") == "completed":
+                    write_windows(out_dir / "runs" / key.run_id)
             else:
-                info = run_simulated(spec, key, out_dir, spec_dir)
-            if info.get("status") == "completed":
-                write_windows(out_dir / "runs" / key.run_id)
+                info = _simulate_one(spec, out_dir, spec_dir, key)
         except KeyboardInterrupt:  # Ctrl-C: the run under way says so in its run.json
             mark_interrupted(spec, key, out_dir)
             raise
         except Exception as exc:  # recorded in run.json; the experiment goes on
-            info = {"run_id": key.run_id, "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
-        results.append(info)
+            info = _failed(key, exc)
+        results[key] = info
         if on_run_done:
             on_run_done(key, info, (wall_time() - t0) if wall_time else 0.0)
-    return results
+    return [results[key] for key in keys]
+
+
+def _simulate_one(spec: ExperimentSpec, out_dir: Path, spec_dir: Optional[Path], key: RunKey) -> dict:
+    """One simulated run and its windows.parquet; a failure is its run.json, not an exception."""
+    try:
+        info = run_simulated(spec, key, out_dir, spec_dir)
+        if info.get("status") == "completed":
+            write_windows(out_dir / "runs" / key.run_id)
+    except Exception as exc:
+        return _failed(key, exc)
+    return info
+
+
+def _failed(key: RunKey, exc: Exception) -> dict:
+    return {"run_id": key.run_id, "status": "failed", "error": f"{type(exc).__name__}: {exc}"}

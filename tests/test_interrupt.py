@@ -46,7 +46,8 @@ def test_ctrl_c_marks_the_run_under_way_interrupted_and_running_again_completes_
     spec_path = tmp_path / "long.yaml"
     spec_path.write_text(yaml.safe_dump(data))
     out = tmp_path / "out"
-    args = [sys.executable, "-m", "loadgen.cli", "run", str(spec_path), "--out", str(out), "--no-report", "--quiet"]
+    args = [sys.executable, "-m", "loadgen.cli", "run", str(spec_path), "--out", str(out), "--no-report", "--quiet",
+            "--workers", "1"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # runs go seed-major: base-s1, burst-s1, base-s2, burst-s2; stop during the second
@@ -72,3 +73,35 @@ def test_ctrl_c_marks_the_run_under_way_interrupted_and_running_again_completes_
     assert fresh["status"] == "completed"
     for name in ("turns.parquet", "sessions.parquet", "samples.parquet", "run.json"):
         assert (runs / "burst-s1" / name).read_bytes() == (tmp_path / "fresh" / "runs" / "burst-s1" / name).read_bytes()
+
+
+def test_ctrl_c_with_two_workers_marks_both_runs_under_way_interrupted(tmp_path):
+    data = make_spec_dict(**LONG_RUN)
+    spec_path = tmp_path / "long.yaml"
+    spec_path.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "loadgen.cli", "run", str(spec_path), "--out", str(out), "--no-report", "--quiet",
+            "--workers", "2"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # the first two runs start together, one per worker; the signal reaches this process only
+        _wait_for_status(out / "runs" / "base-s1", "running", proc)
+        _wait_for_status(out / "runs" / "burst-s1", "running", proc)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=WAIT_LIMIT_S)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert "Traceback" not in stderr
+    runs = out / "runs"
+    for run_id in ("base-s1", "burst-s1"):
+        info = json.loads((runs / run_id / "run.json").read_text())
+        assert (info["status"], info["error"]) == ("interrupted", INTERRUPTED)
+    assert sorted(p.name for p in runs.iterdir()) == ["base-s1", "burst-s1"]  # the rest never began
+
+    again = subprocess.run([*args, "--seeds", "1"], capture_output=True, text=True, timeout=WAIT_LIMIT_S)
+    assert again.returncode == 0, again.stderr
+    fresh = run_simulated(parse_spec(data), RunKey("base", 1), tmp_path / "fresh")
+    assert fresh["status"] == "completed"
+    for name in ("turns.parquet", "sessions.parquet", "samples.parquet", "run.json"):
+        assert (runs / "base-s1" / name).read_bytes() == (tmp_path / "fresh" / "runs" / "base-s1" / name).read_bytes()

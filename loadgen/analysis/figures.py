@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import itertools
 import os
+from functools import partial
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import matplotlib
 
@@ -169,11 +170,20 @@ def _plot_overview(
     plt.close(fig)
 
 
-def write_figures(results_dir: str | os.PathLike, summary: Mapping[str, Any]) -> list[Path]:
+def write_figures(results_dir: str | os.PathLike, summary: Mapping[str, Any], num_workers: int = 1) -> list[Path]:
     """Write figures/pair-s<seed>.png for each seed run in >1 arm, and figures/overview.png.
 
-    Returns the paths written. Only runs listed in summary["runs"] are drawn.
-    """
+    Returns the paths written. Only runs listed in summary["runs"] are drawn. ``num_workers``
+    processes draw them at once (loadgen.core.run_pool.run_jobs); the PNGs are the same."""
+    from ..core.run_pool import run_jobs
+
+    jobs = figure_jobs(results_dir, summary)
+    run_jobs([draw for _, draw in jobs], num_workers)
+    return [path for path, _ in jobs]
+
+
+def figure_jobs(results_dir: str | os.PathLike, summary: Mapping[str, Any]) -> list[tuple[Path, Callable[[], None]]]:
+    """(path, a function that draws and saves it) for every figure write_figures writes."""
     results_path = Path(results_dir)
     figures_dir = results_path / "figures"
     figures_dir.mkdir(parents=True, exist_ok=True)
@@ -190,31 +200,32 @@ def write_figures(results_dir: str | os.PathLike, summary: Mapping[str, Any]) ->
         runs_by_seed.setdefault(int(run.run_json["seed"]), []).append(run)
         runs_by_arm.setdefault(str(run.run_json["arm"]), []).append(run)
 
-    written: list[Path] = []
+    jobs: list[tuple[Path, Callable[[], None]]] = []
     for seed in sorted(runs_by_seed):
         seed_runs = runs_by_seed[seed]
         if len({r.run_json["arm"] for r in seed_runs}) < 2:
             continue
         path = figures_dir / f"pair-s{seed}.png"
-        _plot_pair(path, seed, seed_runs, colors, experiment)
-        written.append(path)
+        jobs.append((path, partial(_plot_pair, path, seed, seed_runs, colors, experiment)))
 
     if runs_by_arm:
         path = figures_dir / "overview.png"
-        _plot_overview(path, runs_by_arm, colors, experiment)
-        written.append(path)
+        jobs.append((path, partial(_plot_overview, path, runs_by_arm, colors, experiment)))
     controller_figures = []
     if summary.get("recovery"):
-        controller_figures += [("cohort-completion.png", figure_cohort_completion(runs_by_arm, colors, experiment)),
-                               ("arms-timeseries.png", figure_arm_timeseries(runs_by_arm, colors, experiment))]
+        controller_figures += [("cohort-completion.png", partial(figure_cohort_completion, runs_by_arm, colors, experiment)),
+                               ("arms-timeseries.png", partial(figure_arm_timeseries, runs_by_arm, colors, experiment))]
     if _has_mix_shift(runs):
-        controller_figures.append(("mix-shift-scatter.png", figure_mix_shift_scatter(summary, colors)))
+        controller_figures.append(("mix-shift-scatter.png", partial(figure_mix_shift_scatter, summary, colors)))
     if any(r.get("cold_work_drift_s_per_h") is not None for r in summary.get("runs", [])):
-        controller_figures.append(("drain.png", figure_drain(summary, colors)))
-    for name, fig in controller_figures:
-        fig.savefig(figures_dir / name, dpi=DPI)
-        written.append(figures_dir / name)
-    return written
+        controller_figures.append(("drain.png", partial(figure_drain, summary, colors)))
+    for name, make in controller_figures:
+        jobs.append((figures_dir / name, partial(save_figure, make, figures_dir / name)))
+    return jobs
+
+
+def save_figure(make: Callable[[], Figure], path: Path) -> None:
+    make().savefig(path, dpi=DPI)
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,13 +5,14 @@ these return, write_figures saves them."""
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
 
-from .figures import DPI, _control_starts_s, _mark_control, _minutes, _shade_triggers, _trigger_windows, arm_colors
+from .figures import DPI, _control_starts_s, save_figure, _mark_control, _minutes, _shade_triggers, _trigger_windows, arm_colors
 from .latency import nearest_rank, turn_latencies
 from .runs import RunData, load_run
 from .windows_table import read_windows
@@ -108,6 +109,14 @@ def figure_ttft_vs_depth(runs_by_arm: Mapping[str, Sequence[RunData]], colors: M
 
 def write_latency_figures(results_dir: str | os.PathLike, summary: Mapping[str, Any]) -> list[Path]:
     """figures/latency-over-time.png, ttft-vs-depth.png and, with control, cost-of-control.png."""
+    jobs = latency_figure_jobs(results_dir, summary)
+    for _, draw in jobs:
+        draw()
+    return [path for path, _ in jobs]
+
+
+def latency_figure_jobs(results_dir: str | os.PathLike, summary: Mapping[str, Any]) -> list[tuple[Path, Callable]]:
+    """(path, a function that draws and saves it) for every figure write_latency_figures writes."""
     results_path = Path(results_dir)
     runs_by_arm: dict[str, list[RunData]] = {}
     for entry in summary.get("runs", []):
@@ -116,19 +125,21 @@ def write_latency_figures(results_dir: str | os.PathLike, summary: Mapping[str, 
         return []
     figures_dir = results_path / "figures"
     figures_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, fig in latency_figures(runs_by_arm, summary, arm_colors(summary)):
-        fig.savefig(figures_dir / name, dpi=DPI)
-        written.append(figures_dir / name)
-    return written
+    return [(figures_dir / name, partial(save_figure, make, figures_dir / name))
+            for name, make in _latency_makers(runs_by_arm, summary, arm_colors(summary))]
 
 
 def latency_figures(runs_by_arm: Mapping[str, Sequence[RunData]], summary: Mapping[str, Any],
                     colors: Mapping[str, str]) -> list[tuple[str, Figure]]:
     """(file name, figure) for each latency figure."""
+    return [(name, make()) for name, make in _latency_makers(runs_by_arm, summary, colors)]
+
+
+def _latency_makers(runs_by_arm: Mapping[str, Sequence[RunData]], summary: Mapping[str, Any],
+                    colors: Mapping[str, str]) -> list[tuple[str, Callable[[], Figure]]]:
     experiment = summary.get("experiment")
-    figures = [("latency-over-time.png", figure_latency_over_time(runs_by_arm, colors, experiment)),
-               ("ttft-vs-depth.png", figure_ttft_vs_depth(runs_by_arm, colors, experiment))]
+    makers = [("latency-over-time.png", partial(figure_latency_over_time, runs_by_arm, colors, experiment)),
+              ("ttft-vs-depth.png", partial(figure_ttft_vs_depth, runs_by_arm, colors, experiment))]
     if summary.get("recovery"):
-        figures.append(("cost-of-control.png", figure_cost_of_control(summary, colors)))
-    return figures
+        makers.append(("cost-of-control.png", partial(figure_cost_of_control, summary, colors)))
+    return makers

@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "written into the run's spec")
     run.add_argument("--force-new-spec", action="store_true",
                      help="DIR holds runs of another spec: move them to DIR/previous-N/ instead of refusing")
+    run.add_argument("--workers", type=int,
+                     help="simulated runs and figures at once, one process each (default: one per CPU); "
+                          "the results are the same bytes whatever the number")
     run.set_defaults(func=_cmd_run)
 
     sweep = sub.add_parser("sweep", help="run arms x seeds on a Ray cluster (engines on their own GPUs); resumes")

@@ -52,6 +52,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise SpecError(f"--time-scale applies to live runs only (with --endpoint URL, or a spec whose engine "
                             f"is kind openai); {args.spec} simulates in virtual time, which needs no scaling")
         spec = spec.model_copy(update={"time_scale": args.time_scale})
+    if args.workers is not None and args.workers < 1:
+        raise SpecError(f"--workers must be >= 1, got {args.workers}")
+    from ..core.run_pool import default_workers
+
+    num_workers = args.workers or default_workers()
     keys = _selected_runs(spec, args)
     out = Path(args.out)
     _claim_results_dir(out, spec, args.force_new_spec, console)
@@ -100,7 +105,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         run_experiment(spec, out, keys, spec_dir=Path(args.spec).resolve().parent,
                        on_run_start=started, on_run_done=done, wall_time=time.perf_counter,
                        resume=args.resume is not None, on_run_skipped=skipped,
-                       on_progress=progressed if live else None)
+                       on_progress=progressed if live else None, num_workers=num_workers)
     for run_id, error in failed:
         console.print(f"[red]run {run_id} failed:[/red] {error}")
     for run_id, lag in lagging:  # a flag, not a failure: the exit code stays as it is
@@ -108,7 +113,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                       f"p99 {lag['p99_s']:.3g} s late (max {lag['max_s']:.3g} s) in run time, over the bound "
                       f"{lag['bound_s']:.3g} s (5% of the median turn); a lower --time-scale or a quieter "
                       "machine (docs/results-format.md#lag)", soft_wrap=True)
-    unreadable = _report(out, console, figures=not args.no_figures) if not args.no_report else []
+    unreadable = (_report(out, console, figures=not args.no_figures, num_workers=num_workers)
+                  if not args.no_report else [])
     return 1 if failed or unreadable else 0
 
 def _resume_args(args: argparse.Namespace) -> None:
@@ -166,6 +172,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         check_sweepable(spec)
     except SweepError as exc:
         raise SpecError(f"{args.spec}: {exc}") from None
+    if args.workers is not None and args.workers < 1:
+        raise SpecError(f"--workers must be >= 1, got {args.workers}")
+    from ..core.run_pool import default_workers
+
+    num_workers = args.workers or default_workers()
     keys = _selected_runs(spec, args)
     out = Path(args.out)
     _claim_results_dir(out, spec, args.force_new_spec, console)
@@ -194,7 +205,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     failed = [info for info in results if info.get("status") != "completed"]
     for info in failed:
         console.print(f"[red]run {info['run_id']} failed:[/red] {info.get('error')}")
-    unreadable = _report(out, console, figures=not args.no_figures) if not args.no_report else []
+    unreadable = (_report(out, console, figures=not args.no_figures, num_workers=num_workers)
+                  if not args.no_report else [])
     return 1 if failed or unreadable else 0
 
 def _selected_runs(spec, args: argparse.Namespace) -> list:
@@ -211,7 +223,7 @@ def _selected_runs(spec, args: argparse.Namespace) -> list:
     except (ValueError, KeyError) as exc:
         raise SpecError(f"{args.spec}: {exc}") from None
 
-def _report(out: Path, console, figures: bool = True) -> list:
+def _report(out: Path, console, figures: bool = True, num_workers: int = 1) -> list:
     """Summary, tables and figures of ``out``; returns the runs it could not read (they are listed)."""
     from rich.markup import escape
 
@@ -240,11 +252,13 @@ def _report(out: Path, console, figures: bool = True) -> list:
         console.print(f"windows.parquet written for {len(written)} runs that lacked it")
     console.print(f"summary: {out / 'summary.json'}")
     if figures:
-        from ..analysis.figures import write_figures
+        from ..analysis.figures import figure_jobs
+        from ..analysis.latency_figures import latency_figure_jobs
+        from ..core.run_pool import run_jobs
 
-        from ..analysis.latency_figures import write_latency_figures
-
-        paths = write_figures(out, summary) + write_latency_figures(out, summary)
+        jobs = figure_jobs(out, summary) + latency_figure_jobs(out, summary)
+        run_jobs([draw for _, draw in jobs], num_workers)  # every figure on its own, over the workers
+        paths = [path for path, _ in jobs]
         if paths:
             console.print(f"figures: {len(paths)} PNG files in {paths[0].parent}")
     unreadable = summary.get("unreadable_runs") or []
@@ -263,7 +277,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
     except ResultsError as exc:
         raise SpecError(str(exc)) from None
     arms = _compare_arms_arg(args.compare_arms) if args.compare_arms is not None else None
-    unreadable = _report(out, Console(stderr=True), figures=not args.no_figures)
+    from ..core.run_pool import default_workers
+
+    unreadable = _report(out, Console(stderr=True), figures=not args.no_figures, num_workers=default_workers())
     if arms is not None:
         import json
 
