@@ -21,110 +21,29 @@ block-crossing residues, a heap of finish steps), so a step costs O(1) in the nu
 decoders, and a stretch of pure-decode steps is committed in closed form (its duration is a
 quadratic in its length). Per-request work happens only at admission, finish and preemption.
 
-Time. ``advance_to(t)`` commits every step that *starts* at or before t (a step's schedule is
-fixed when it starts; arrivals during it wait for the next one). The last committed step is
-"in flight": its finished requests are delivered when the clock reaches its end.
-``next_wakeup()`` says when something observable happens next if nothing arrives.
+Time (``advance_to``, ``next_wakeup``, delivery, the stretches' timing) is the step machine both
+flavours share (loadgen/sim/step_machine.py); the CPU offload tier's scheduling is
+loadgen/sim/vllm_offload.py; requests and the configuration are loadgen/sim/request.py.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
-import math
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Optional
+from typing import Hashable, Optional
 
 from .cost import StepCostModel
 from .kv_pool import BlockPool, Stream
-from .offload import HostTier, OffloadConfig
+from .offload import HostTier
+from .request import FINISHED, LOADING, RUNNING, WAITING, EngineConfig, SimRequest
+from .step_machine import StepMachine
+from .vllm_offload import OffloadScheduling
 
-# LOADING: parked while its host-tier blocks are copied to the GPU (vLLM WAITING_FOR_REMOTE_KVS)
-WAITING, RUNNING, FINISHED, LOADING = 0, 1, 2, 3
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """The engine knobs that shape caching and scheduling (vLLM's names)."""
-
-    num_blocks: int
-    block_size: int = 16
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 1024
-    max_model_len: int = 40960
-    enable_prefix_caching: bool = True
-    reserve_full_prompt: bool = True
-    offload: Optional[OffloadConfig] = None  # a CPU KV tier (loadgen/sim/offload.py); None: GPU pool only
-
-    @property
-    def pool_tokens(self) -> int:
-        """C as vLLM reports it: num_gpu_blocks x block_size."""
-        return self.num_blocks * self.block_size
+__all__ = ["EngineConfig", "FINISHED", "LOADING", "RUNNING", "SimEngine", "SimRequest", "WAITING"]
 
 
-class SimRequest:
-    """One request: a prompt of ``num_prompt_tokens`` on ``stream`` (after a shared ``prefix``)."""
-
-    __slots__ = (
-        "request_id", "prefix", "stream", "num_prompt_tokens", "max_tokens", "on_done", "on_first_token", "context",
-        "arrival_s", "first_token_s", "finish_s", "num_cached_tokens", "num_preemptions",
-        "state", "num_tokens", "num_computed", "generated", "alloc_blocks", "admit_seq",
-        "is_decoder", "g0", "nc0", "gen0", "residue", "is_builder", "prefix_hit_blocks",
-        "last_token_s", "max_token_gap_s", "store_from", "load_start", "load_blocks", "load_done_s", "loaded",
-    )
-
-    def __init__(self, request_id: Hashable, stream: Stream, num_prompt_tokens: int, max_tokens: int,
-                 prefix: Optional[Stream] = None, on_done: Optional[Callable[["SimRequest"], Any]] = None,
-                 context: Any = None) -> None:
-        self.request_id = request_id
-        self.prefix = prefix
-        self.stream = stream
-        self.num_prompt_tokens = num_prompt_tokens
-        self.max_tokens = max_tokens
-        self.on_done = on_done
-        self.on_first_token: Optional[Callable[["SimRequest"], Any]] = None  # live serving only
-        self.context = context
-        self.arrival_s = math.nan
-        self.first_token_s: Optional[float] = None
-        self.finish_s: Optional[float] = None
-        self.num_cached_tokens = -1  # fixed at first scheduling, as vLLM reports it
-        self.num_preemptions = 0
-        self.state = WAITING
-        self.num_tokens = num_prompt_tokens  # prompt + generated (before the current decode stretch)
-        self.num_computed = 0
-        self.generated = 0
-        self.alloc_blocks = 0
-        self.admit_seq = -1
-        self.is_decoder = False
-        self.g0 = self.nc0 = self.gen0 = self.residue = 0
-        self.is_builder = False
-        self.prefix_hit_blocks = 0
-        # Per-token timing: when the latest token was sampled and the longest gap between two
-        # consecutive tokens so far (a preempted request's gap spans its wait and recompute).
-        self.last_token_s: Optional[float] = None
-        self.max_token_gap_s = math.nan
-        # CPU offload tier: the first block not yet stored to the host (vLLM _next_stored_block_idx),
-        # the host blocks [load_start, load_start + load_blocks) being or having been loaded, when
-        # the copy lands, and whether the request waits with its loaded blocks
-        self.store_from = 0
-        self.load_start = self.load_blocks = 0
-        self.load_done_s = math.nan
-        self.loaded = False
-
-    @property
-    def mean_token_gap_s(self) -> float:
-        """Mean gap between consecutive tokens: (last token - first token) / (tokens - 1)."""
-        if self.generated < 2 or self.first_token_s is None or self.last_token_s is None:
-            return math.nan
-        return (self.last_token_s - self.first_token_s) / (self.generated - 1)
-
-    def __repr__(self) -> str:
-        return (f"SimRequest({self.request_id!r}, prompt={self.num_prompt_tokens}, "
-                f"cached={self.num_cached_tokens}, state={self.state})")
-
-
-class SimEngine:
+class SimEngine(OffloadScheduling, StepMachine):
     """A vLLM v1 engine in simulated time. See the module docstring."""
 
     def __init__(self, config: EngineConfig, cost: StepCostModel) -> None:
@@ -145,10 +64,7 @@ class SimEngine:
         self._residues = [0] * config.block_size  # decoders needing a block at steps G % block_size
         self._finish_heap: list = []  # (finish step, admit_seq, request)
         self._admit_seq = 0
-        self._inflight_end: Optional[float] = None
-        self._next_start: Optional[float] = None
-        self._done: list[SimRequest] = []  # finishing at the end of the in-flight step
-        self._first: list[SimRequest] = []  # first token at the end of the in-flight step (with on_first_token)
+        self._init_step_machine()
         self._flush_requested = False
         self._aborts: list[SimRequest] = []  # to abort at the next step boundary, in request order
         self.flush_times_s: list[float] = []
@@ -159,13 +75,6 @@ class SimEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.num_steps = 0
-        # Step durations for per-token gaps, kept O(1) per committed chunk (one general step or
-        # one closed-form decode stretch): a stack of (first step index, longest step in it)
-        # with strictly decreasing durations, so the longest step from step g on is the first
-        # entry at or after g. A decoder spans whole chunks (it joins after a general step and
-        # leaves at a chunk's end), so its longest gap is one lookup when it leaves.
-        self._gap_steps: list[int] = []
-        self._gap_max_s: list[float] = []
         self._last_end_s = 0.0  # end of the latest committed step
         self.host: Optional[HostTier] = None
         if config.offload is not None:
@@ -234,9 +143,7 @@ class SimEngine:
         request.arrival_s = now_s
         self.prompt_tokens_total += request.num_prompt_tokens
         self.waiting.append(request)
-        if self._inflight_end is None:
-            self._next_start = now_s
-            self.advance_to(now_s)
+        self._start_if_idle(now_s)
 
     def flush(self, now_s: float) -> None:
         """Reset the prefix cache, preempting running requests (vLLM reset_running_requests)."""
@@ -261,52 +168,15 @@ class SimEngine:
             self._apply_aborts()
         return True
 
-    def advance_to(self, t_s: float) -> None:
-        """Commit every step starting at or before ``t_s``; deliver requests finished by then."""
-        while True:
-            end = self._inflight_end
-            if end is not None:
-                if end > t_s:
-                    return
-                self._inflight_end = None
-                self._next_start = end
-                if self._first:
-                    first, self._first = self._first, []
-                    for req in first:
-                        req.on_first_token(req)
-                if self._done:
-                    done, self._done = self._done, []
-                    for req in done:
-                        req.finish_s = end
-                        if req.on_done is not None:
-                            req.on_done(req)
-            if self._aborts:
-                self._apply_aborts()
-            if self._flush_requested:
-                self._apply_flush(self._next_start)
-            if not self.running and not self.waiting:
-                self._next_start = None
-                return
-            start = self._next_start
-            if self._can_stretch():
-                num_steps = self._stretch_len(start, t_s)
-                if num_steps:
-                    self._commit_stretch(start, num_steps)
-                    continue
-            self._step(start)
-
-    def next_wakeup(self) -> Optional[float]:
-        """When the engine next needs the clock, if nothing new arrives (None when idle)."""
-        end = self._inflight_end
-        if end is None:
-            return None
-        if self._done or self._first or self._flush_requested or self._aborts or not self._can_stretch():
-            return end
-        num_steps = self._stretch_len(end, None)
-        if num_steps == 0:
-            return end
-        alpha, beta = self._stretch_coeffs()
-        return end + alpha * num_steps + beta * num_steps * (num_steps - 1)
+    def _at_boundary(self) -> bool:
+        if self._aborts:
+            self._apply_aborts()
+        if self._flush_requested:
+            self._apply_flush(self._next_start)
+        if not self.running and not self.waiting:
+            self._next_start = None
+            return True
+        return False
 
     @property
     def num_running(self) -> int:
@@ -318,14 +188,6 @@ class SimEngine:
 
     def kv_usage(self) -> float:
         return self.pool.usage()
-
-    def _push_gap(self, first_step: int, longest_s: float) -> None:
-        steps, gaps = self._gap_steps, self._gap_max_s
-        while gaps and gaps[-1] <= longest_s:
-            gaps.pop()
-            steps.pop()
-        steps.append(first_step)
-        gaps.append(longest_s)
 
     # ------------------------------------------------------------------ decoders as aggregates
     def _add_decoder(self, req: SimRequest, g0: int) -> None:
@@ -373,9 +235,8 @@ class SimEngine:
         return not self.waiting or self._admission_plan(self.waiting[0],
                                                         self.config.max_num_batched_tokens - self.num_decoders) is None
 
-    def _stretch_len(self, start_s: float, limit_s: Optional[float]) -> int:
-        """Pure-decode steps to commit: up to the first finish, before a block shortage, and
-        (with ``limit_s``) only steps starting at or before ``limit_s``."""
+    def _max_stretch(self) -> int:
+        """Pure-decode steps: up to the first finish, before a block shortage."""
         heap = self._finish_heap
         while heap and not _valid(heap[0]):
             heapq.heappop(heap)
@@ -395,20 +256,6 @@ class SimEngine:
                 left -= res[(base + i) % bs]
                 i += 1
             num_steps = min(num_steps, cycles * bs + i)
-        if limit_s is not None and num_steps > 1:
-            alpha, beta = self._stretch_coeffs()
-            budget = limit_s - start_s  # steps i with T(i) = alpha*i + beta*i*(i-1) <= budget start in time
-            if alpha > 0:  # zero-cost engines (load-generator benchmarks) run every step at once
-                if beta > 0:
-                    b1 = alpha - beta
-                    i = int((-b1 + math.sqrt(b1 * b1 + 4 * beta * max(budget, 0.0))) / (2 * beta))
-                else:
-                    i = int(max(budget, 0.0) / alpha)
-                while i > 0 and alpha * i + beta * i * (i - 1) > budget:
-                    i -= 1
-                while i + 1 < num_steps and alpha * (i + 1) + beta * (i + 1) * i <= budget:
-                    i += 1
-                num_steps = min(num_steps, i + 1)
         return num_steps
 
     def _commit_stretch(self, start_s: float, num_steps: int) -> None:
@@ -683,154 +530,6 @@ class SimEngine:
             pool.release(prefix)
         req.is_builder = False
         req.alloc_blocks = 0
-
-    # ------------------------------------------------------------------ CPU offload tier
-    def _offload_plan(self, req: SimRequest, budget: int) -> Optional[tuple]:
-        """What admitting the waiting ``req`` would do now, or None if it cannot be admitted:
-        ("resume", blocks to allocate, tokens) for a request whose host blocks have been loaded;
-        ("load", prefix hit, own hit, blocks to allocate, total blocks, host blocks) when blocks
-        after its GPU hit are in the host tier (vLLM get_num_new_matched_tokens: they are loaded,
-        the request takes no tokens this step); else ("admit", <_admission_plan>)."""
-        if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
-            return None
-        bs = self.block_size
-        if req.loaded:
-            nc = req.num_computed
-            n = min(req.num_tokens - nc, budget)
-            need = max(0, -(-(nc + n) // bs) - req.alloc_blocks)
-            return None if need > self.pool.num_free else ("resume", need, n)
-        plan = self._admission_plan(req, budget)
-        own, prefix = req.stream, req.prefix
-        hit_prefix = min(prefix.cached, own.base, (req.num_tokens - 1) // bs) if prefix is not None else 0
-        hit_own = 0
-        if prefix is None or hit_prefix == own.base:
-            hit_own = min(own.cached, (req.num_tokens - 1) // bs - own.base)
-        h = hit_prefix + hit_own
-        k = self.host.lookup(prefix, own, h, req.num_tokens // bs)
-        if k == 0:
-            return None if plan is None else ("admit", plan)
-        if self.host.any_pinned(prefix, own, h, h + k):
-            return ("skip",)  # another request is loading some of these blocks: retry next step
-        total = -(-req.num_tokens // bs)  # a load reserves the whole prompt (see _preempt)
-        need = total - h
-        evictable = hit_own if own.ref_cnt == 0 else 0
-        if prefix is not None and prefix.ref_cnt == 0:
-            evictable += hit_prefix
-        if need + evictable > self.pool.num_free:
-            return None
-        return "load", hit_prefix, hit_own, need, total, k
-
-    def _admit_waiting_offload(self, start_s: float, num_tokens: int, attention: float, budget: int,
-                               completed: list) -> tuple[int, float, int]:
-        """The waiting loop with a host tier: requests whose copy is in flight are skipped (they
-        keep their place), a landed one is scheduled in place, head-of-line blocking otherwise."""
-        waiting = self.waiting
-        i = 0
-        while i < len(waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            req = waiting[i]
-            if req.state == LOADING:
-                if req.load_done_s > start_s:
-                    i += 1
-                    continue
-                self._finish_load(req)
-            plan = self._offload_plan(req, budget)
-            if plan is None:
-                break  # head-of-line blocking
-            if plan[0] == "skip":
-                # vLLM retries it next step and lets the requests behind it go on; here it holds
-                # the queue, so the requests holding blocks stay at its front (see _preempt)
-                break
-            if plan[0] == "load":
-                self._start_load(req, plan[1:], start_s)
-                i += 1
-                continue
-            del waiting[i]
-            if plan[0] == "resume":
-                _, need, n = plan
-                self.num_loading -= 1
-                req.loaded = False
-                self.pool.allocate(need)
-                req.alloc_blocks += need
-                hit_tokens = req.num_computed
-                if req.num_cached_tokens < 0:
-                    req.num_cached_tokens = hit_tokens
-                self.running[req] = None
-                req.state = RUNNING
-                req.admit_seq = self._admit_seq
-                self._admit_seq += 1
-                self._computed(req, hit_tokens + n)
-            else:
-                self.host.touch(req.prefix, req.stream, req.num_tokens // self.block_size)
-                self.external_prefix_cache_queries += req.num_tokens
-                hit_tokens, n = self._admit(req, plan[1])
-            attention += n * (hit_tokens + n / 2)
-            num_tokens += n
-            budget -= n
-            if req.num_computed == req.num_tokens:
-                completed.append(req)
-            else:
-                self.prefilling.append(req)
-        return num_tokens, attention, budget
-
-    def _start_load(self, req: SimRequest, plan: tuple, start_s: float) -> None:
-        """Allocate GPU blocks for the GPU hit and the host hit and start copying the host blocks."""
-        hit_prefix, hit_own, need, total, k = plan
-        bs = self.block_size
-        own, prefix = req.stream, req.prefix
-        if own.ref_cnt:
-            raise RuntimeError(f"stream {own.key!r} already has a request in the engine")
-        host = self.host
-        host.touch(prefix, own, req.num_tokens // bs)
-        if prefix is not None:
-            req.is_builder = prefix.ref_cnt == 0
-            req.prefix_hit_blocks = hit_prefix
-            self.pool.acquire(prefix, hit_prefix)
-        self.pool.acquire(own, hit_own)
-        self.pool.allocate(need)
-        req.alloc_blocks = total
-        h = hit_prefix + hit_own
-        host.pin(prefix, own, h, h + k)
-        req.load_start, req.load_blocks = h, k
-        req.store_from = h + k
-        req.load_done_s = start_s + host.config.transfer_s(k, bs)
-        req.state = LOADING
-        self.num_loading += 1
-        self.prefix_cache_queries += req.num_tokens
-        self.prefix_cache_hits += h * bs
-        self.external_prefix_cache_queries += req.num_tokens
-        self.external_prefix_cache_hits += k * bs
-        self.kv_offload_bytes_cpu_to_gpu += k * bs * host.config.kv_bytes_per_token
-
-    def _finish_load(self, req: SimRequest) -> None:
-        """The copy landed: the loaded blocks are computed (and cached); the last prompt token is
-        always recomputed (vLLM _update_waiting_for_remote_kv)."""
-        start, k = req.load_start, req.load_blocks
-        self.host.unpin(req.prefix, req.stream, start, start + k)
-        req.state = WAITING
-        req.loaded = True
-        self._computed(req, min((start + k) * self.block_size, req.num_tokens - 1))
-
-    def _cancel_load(self, req: SimRequest) -> None:
-        """Drop a waiting request's loaded or loading blocks (flush, abort): it starts over."""
-        if req.state == LOADING:
-            self.host.unpin(req.prefix, req.stream, req.load_start, req.load_start + req.load_blocks)
-        self.num_loading -= 1
-        kv_tokens = req.num_computed if req.loaded else req.load_start * self.block_size  # what is cached
-        req.loaded = False
-        self._release_blocks(req, kv_tokens)
-        req.num_computed = 0
-        req.state = WAITING
-
-    def _offload_store(self, req: SimRequest, kv_tokens: int) -> None:
-        """The request's full blocks from its next-store index on go to the host tier when it
-        finishes or is preempted (when vLLM's stores become visible)."""
-        end = kv_tokens // self.block_size
-        if end <= req.store_from:
-            return
-        stored = self.host.store(req.prefix, req.stream, req.store_from, end)
-        if stored is not None:
-            req.store_from = end
-            self.kv_offload_bytes_gpu_to_cpu += stored * self.block_size * self.host.config.kv_bytes_per_token
 
     def _apply_aborts(self) -> None:
         aborts, self._aborts = self._aborts, []

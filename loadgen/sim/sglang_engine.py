@@ -33,7 +33,8 @@ its duration a quadratic in its length, as in the vLLM flavour. The radix tree i
 (loadgen/sim/radix_cache.py). tests/sim/reference_sglang.py does all of this literally, token
 by token; tests/sim/test_differential_sglang.py checks that both agree.
 
-Time, callbacks and ``advance_to``/``next_wakeup`` follow loadgen/sim/engine.py. A flush
+Time, callbacks, ``advance_to``/``next_wakeup`` and the stretches' timing are the step machine
+both flavours share (loadgen/sim/step_machine.py). A flush
 (``/flush_cache``) is refused while any request is in the engine: ``flush`` applies it at the
 first moment the engine is idle (a client retrying it), ``try_flush`` answers at once.
 """
@@ -47,9 +48,10 @@ from dataclasses import dataclass
 from typing import Hashable, Optional
 
 from .cost import StepCostModel
-from .engine import FINISHED, RUNNING, WAITING, SimRequest
 from .kv_pool import Stream
 from .radix_cache import RadixCache
+from .request import FINISHED, RUNNING, WAITING, SimRequest
+from .step_machine import StepMachine
 
 IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32  # schedule_policy.py
 IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = 32
@@ -121,7 +123,7 @@ class _Req:
         return f"_Req({self.req.request_id!r}, gen={self.generated}, kv={self.kv_len}, prefix={self.prefix_len})"
 
 
-class SGLangEngine:
+class SGLangEngine(StepMachine):
     """SGLang in simulated time. See the module docstring."""
 
     flavor = "sglang"
@@ -158,13 +160,8 @@ class SGLangEngine:
         self._finish_heap: list = []  # (decode step of the last token, order, _Req)
         self._order = 0
         self._joined: list[_Req] = []  # joined the running batch since the last decode step
-        self._gap_idx: list[int] = []  # decode steps with a gap no later step exceeds (monotone stack)
-        self._gap_val: list[float] = []
         self._last_decode_end: Optional[float] = None
-        self._inflight_end: Optional[float] = None
-        self._next_start: Optional[float] = None
-        self._done: list[SimRequest] = []
-        self._first: list[SimRequest] = []
+        self._init_step_machine()
         self._flush_pending = False
         self.flush_times_s: list[float] = []
         # counters: sglang:prompt_tokens_total / cached_tokens_total move when a request finishes
@@ -226,9 +223,7 @@ class SGLangEngine:
         r = _Req(request, prefix, own.base if prefix is not None else 0, own)
         self.state[request] = r
         self.waiting.append(r)
-        if self._inflight_end is None:
-            self._next_start = now_s
-            self.advance_to(now_s)
+        self._start_if_idle(now_s)
 
     def flush(self, now_s: float) -> None:
         """/flush_cache, retried until the engine is idle: applied at the first idle moment."""
@@ -244,49 +239,13 @@ class SGLangEngine:
         self._apply_flush(now_s)
         return True
 
-    def advance_to(self, t_s: float) -> None:
-        """Commit every step starting at or before ``t_s``; deliver requests finished by then."""
-        while True:
-            end = self._inflight_end
-            if end is not None:
-                if end > t_s:
-                    return
-                self._inflight_end = None
-                self._next_start = end
-                if self._first:
-                    first, self._first = self._first, []
-                    for req in first:
-                        req.on_first_token(req)
-                if self._done:
-                    done, self._done = self._done, []
-                    for req in done:
-                        req.finish_s = end
-                        if req.on_done is not None:
-                            req.on_done(req)
-            if not self.running and not self.waiting and self.chunked is None:
-                if self._flush_pending and self._next_start is not None:
-                    self._apply_flush(self._next_start)
-                self._next_start = None
-                return
-            start = self._next_start
-            if self._can_stretch():
-                num_steps = self._stretch_len(start, t_s)
-                if num_steps:
-                    self._commit_decode(start, num_steps)
-                    continue
-            self._step(start)
-
-    def next_wakeup(self) -> Optional[float]:
-        end = self._inflight_end
-        if end is None:
-            return None
-        if self._done or self._first or not self._can_stretch():
-            return end
-        num_steps = self._stretch_len(end, None)
-        if num_steps == 0:
-            return end
-        alpha, beta = self._decode_coeffs()
-        return end + alpha * num_steps + beta * num_steps * (num_steps - 1)
+    def _at_boundary(self) -> bool:
+        if not self.running and not self.waiting and self.chunked is None:
+            if self._flush_pending and self._next_start is not None:
+                self._apply_flush(self._next_start)
+            self._next_start = None
+            return True
+        return False
 
     @property
     def num_running(self) -> int:
@@ -316,7 +275,7 @@ class SGLangEngine:
             self.available, self.tree.total_size(), held, self.total_tokens)
 
     # ------------------------------------------------------------------ decode aggregates
-    def _decode_coeffs(self) -> tuple[float, float]:
+    def _stretch_coeffs(self) -> tuple[float, float]:
         """Decode step i from D lasts alpha + 2 * beta * i (its requests' KV includes the step's token)."""
         c = self.cost
         n = len(self.running)
@@ -343,52 +302,26 @@ class SGLangEngine:
         r.in_running = False
         if steps:
             r.last_token_s = self._last_decode_end
-            i = bisect.bisect_left(self._gap_idx, r.d0 + 1)
-            if i < len(self._gap_idx) and not self._gap_val[i] <= r.max_gap_s:
-                r.max_gap_s = self._gap_val[i]
-
-    def _push_gap(self, index: int, gap_s: float) -> None:
-        idx, val = self._gap_idx, self._gap_val
-        while val and val[-1] <= gap_s:
-            idx.pop()
-            val.pop()
-        idx.append(index)
-        val.append(gap_s)
+            i = bisect.bisect_left(self._gap_steps, r.d0 + 1)
+            if i < len(self._gap_steps) and not self._gap_max_s[i] <= r.max_gap_s:
+                r.max_gap_s = self._gap_max_s[i]
 
     # ------------------------------------------------------------------ decode stretches
     def _can_stretch(self) -> bool:
         return (bool(self.running) and self.chunked is None and not self._shrunk
                 and (not self.waiting or self.batch_is_full))
 
-    def _stretch_len(self, start_s: float, limit_s: Optional[float]) -> int:
+    def _max_stretch(self) -> int:
         heap = self._finish_heap
         while heap and not _valid(heap[0]):
             heapq.heappop(heap)
-        n = len(self.running)
-        num_steps = min(heap[0][0] - self.decode_index + 1, self.available // n)
-        if num_steps <= 0:
-            return 0
-        if limit_s is not None and num_steps > 1:
-            alpha, beta = self._decode_coeffs()
-            budget = limit_s - start_s
-            if alpha > 0:
-                if beta > 0:
-                    b1 = alpha - beta
-                    i = int((-b1 + math.sqrt(b1 * b1 + 4 * beta * max(budget, 0.0))) / (2 * beta))
-                else:
-                    i = int(max(budget, 0.0) / alpha)
-                while i > 0 and alpha * i + beta * i * (i - 1) > budget:
-                    i -= 1
-                while i + 1 < num_steps and alpha * (i + 1) + beta * (i + 1) * i <= budget:
-                    i += 1
-                num_steps = min(num_steps, i + 1)
-        return num_steps
+        return min(heap[0][0] - self.decode_index + 1, self.available // len(self.running))
 
-    def _commit_decode(self, start_s: float, num_steps: int) -> None:
+    def _commit_stretch(self, start_s: float, num_steps: int) -> None:
         """``num_steps`` decode steps of the whole running batch (its slots are free)."""
         n = len(self.running)
         self.available -= n * num_steps
-        alpha, beta = self._decode_coeffs()
+        alpha, beta = self._stretch_coeffs()
         end = start_s + alpha * num_steps + beta * num_steps * (num_steps - 1)
         first_end = start_s + alpha
         d = self.decode_index
@@ -445,7 +378,7 @@ class SGLangEngine:
                     return
             raise AssertionError(f"nothing runs and nothing can be admitted: {self.waiting[:3]}")
         self._update_running_batch()
-        self._commit_decode(start_s, 1)
+        self._commit_stretch(start_s, 1)
 
     def _update_running_batch(self) -> None:
         """Filter finished requests (done when they finished), check memory, retract or decay."""
@@ -484,7 +417,7 @@ class SGLangEngine:
         decoded = sum(r.generated for r in order)
         max_new = sum(r.req.max_tokens for r in order)
         self.ratio_base = min(1.0, (decoded + cfg.retract_decode_steps * len(order)) / max_new)
-        self.ratio_steps = -1  # _commit_decode counts every step; this one sets the ratio instead of decaying it
+        self.ratio_steps = -1  # _commit_stretch counts every step; this one sets the ratio instead of decaying it
         for r in retracted:
             r.req.state = WAITING
             r.req.num_preemptions += 1

@@ -1,0 +1,140 @@
+"""The step machine both simulated engines share: time, delivery and closed-form decode stretches.
+
+A flavour (vLLM's scheduler in loadgen/sim/engine.py, SGLang's in loadgen/sim/sglang_engine.py)
+says how one general step is scheduled (``_step``), when the next steps are a pure-decode
+stretch in which nothing can change (``_can_stretch``, ``_max_stretch``), how long its steps
+last (``_stretch_coeffs``) and how such a stretch is committed (``_commit_stretch``). This
+class runs them in time:
+
+``advance_to(t)`` commits every step that *starts* at or before t (a step's schedule is fixed
+when it starts; arrivals during it wait for the next one). The last committed step is "in
+flight": its first tokens and finished requests are delivered when the clock reaches its end.
+``next_wakeup()`` says when something observable happens next if nothing arrives: the end of
+the step in flight, or of the stretch that follows it.
+
+Step i of a stretch lasts ``alpha + 2 * beta * i``, so its first n steps take
+``alpha * n + beta * n * (n - 1)``: a stretch of any length costs O(1) to commit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+
+class StepMachine:
+    """The delivery loop over a flavour's scheduling; see the module docstring."""
+
+    def _init_step_machine(self) -> None:
+        self._inflight_end: Optional[float] = None  # end of the step (or stretch) in flight
+        self._next_start: Optional[float] = None  # when the next step starts (None: idle)
+        self._done: list = []  # finishing at the end of the in-flight step
+        self._first: list = []  # first token at the end of the in-flight step (with on_first_token)
+        # The longest step from a step index on, kept O(1) per committed chunk (one general
+        # step or one stretch): a stack of (first step index, longest step in it) with strictly
+        # decreasing durations, so the longest step from index g on is the first entry at or
+        # after g. A request in a decode batch spans whole chunks, so its longest gap between
+        # tokens is one lookup when it leaves.
+        self._gap_steps: list[int] = []
+        self._gap_max_s: list[float] = []
+
+    # ------------------------------------------------------------------ what a flavour provides
+    def _at_boundary(self) -> bool:
+        """Work due between steps (aborts, a flush); True, with ``_next_start`` cleared, when
+        the engine is idle."""
+        raise NotImplementedError
+
+    def _can_stretch(self) -> bool:
+        raise NotImplementedError
+
+    def _max_stretch(self) -> int:
+        """Pure-decode steps that may follow (up to the first finish, before a shortage)."""
+        raise NotImplementedError
+
+    def _stretch_coeffs(self) -> tuple[float, float]:
+        raise NotImplementedError
+
+    def _commit_stretch(self, start_s: float, num_steps: int) -> None:
+        raise NotImplementedError
+
+    def _step(self, start_s: float) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ time
+    def _start_if_idle(self, now_s: float) -> None:
+        """Something arrived: an idle engine starts its next step now."""
+        if self._inflight_end is None:
+            self._next_start = now_s
+            self.advance_to(now_s)
+
+    def advance_to(self, t_s: float) -> None:
+        """Commit every step starting at or before ``t_s``; deliver requests finished by then."""
+        while True:
+            end = self._inflight_end
+            if end is not None:
+                if end > t_s:
+                    return
+                self._inflight_end = None
+                self._next_start = end
+                if self._first:
+                    first, self._first = self._first, []
+                    for req in first:
+                        req.on_first_token(req)
+                if self._done:
+                    done, self._done = self._done, []
+                    for req in done:
+                        req.finish_s = end
+                        if req.on_done is not None:
+                            req.on_done(req)
+            if self._at_boundary():
+                return
+            start = self._next_start
+            if self._can_stretch():
+                num_steps = self._stretch_len(start, t_s)
+                if num_steps:
+                    self._commit_stretch(start, num_steps)
+                    continue
+            self._step(start)
+
+    def next_wakeup(self) -> Optional[float]:
+        """When the engine next needs the clock, if nothing new arrives (None when idle)."""
+        end = self._inflight_end
+        if end is None:
+            return None
+        if self._done or self._first or not self._can_stretch():
+            return end
+        num_steps = self._stretch_len(end, None)
+        if num_steps == 0:
+            return end
+        alpha, beta = self._stretch_coeffs()
+        return end + alpha * num_steps + beta * num_steps * (num_steps - 1)
+
+    def _stretch_len(self, start_s: float, limit_s: Optional[float]) -> int:
+        """Stretch steps to commit from ``start_s``: ``_max_stretch()``, and with ``limit_s``
+        only the steps starting at or before it."""
+        num_steps = self._max_stretch()
+        if limit_s is None or num_steps <= 1:
+            return max(num_steps, 0)
+        alpha, beta = self._stretch_coeffs()
+        budget = limit_s - start_s  # steps i with T(i) = alpha*i + beta*i*(i-1) <= budget start in time
+        if alpha > 0:  # zero-cost engines (load-generator benchmarks) run every step at once
+            if beta > 0:
+                b1 = alpha - beta
+                i = int((-b1 + math.sqrt(b1 * b1 + 4 * beta * max(budget, 0.0))) / (2 * beta))
+            else:
+                i = int(max(budget, 0.0) / alpha)
+            while i > 0 and alpha * i + beta * i * (i - 1) > budget:
+                i -= 1
+            while i + 1 < num_steps and alpha * (i + 1) + beta * (i + 1) * i <= budget:
+                i += 1
+            num_steps = min(num_steps, i + 1)
+        return num_steps
+
+    # ------------------------------------------------------------------ per-token gaps
+    def _push_gap(self, first_step: int, longest_s: float) -> None:
+        steps, gaps = self._gap_steps, self._gap_max_s
+        while gaps and gaps[-1] <= longest_s:
+            gaps.pop()
+            steps.pop()
+        steps.append(first_step)
+        gaps.append(longest_s)
