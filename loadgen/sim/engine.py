@@ -143,12 +143,14 @@ class SimEngine(OffloadScheduling, StepMachine):
         request.arrival_s = now_s
         self.prompt_tokens_total += request.num_prompt_tokens
         self.waiting.append(request)
+        self._changed()
         self._start_if_idle(now_s)
 
     def flush(self, now_s: float) -> None:
         """Reset the prefix cache, preempting running requests (vLLM reset_running_requests)."""
         self.advance_to(now_s)
         self._flush_requested = True
+        self._changed()
         if self._inflight_end is None:
             self._apply_flush(now_s)
 
@@ -164,6 +166,7 @@ class SimEngine(OffloadScheduling, StepMachine):
         if request.state == FINISHED:
             return False
         self._aborts.append(request)
+        self._changed()
         if self._inflight_end is None:
             self._apply_aborts()
         return True
@@ -226,14 +229,15 @@ class SimEngine(OffloadScheduling, StepMachine):
         return alpha, c.g_s_per_token * r / 2.0
 
     # ------------------------------------------------------------------ stretches
-    def _can_stretch(self) -> bool:
-        if self.prefilling or not self.num_decoders or self._flush_requested or self._aborts or self.num_loading:
-            return False
+    def _stretch_bounds_now(self) -> Optional[tuple[int, Optional[float]]]:
+        if self.prefilling or not self.num_decoders or self._flush_requested or self._aborts:
+            return None
+        budget = self.config.max_num_batched_tokens - self.num_decoders
         if self.host is not None:
-            return not self.waiting or self._offload_plan(self.waiting[0],
-                                                          self.config.max_num_batched_tokens - self.num_decoders) in (None, ("skip",))
-        return not self.waiting or self._admission_plan(self.waiting[0],
-                                                        self.config.max_num_batched_tokens - self.num_decoders) is None
+            return self._offload_stretch_bounds(budget)
+        if self.waiting and self._admission_plan(self.waiting[0], budget) is not None:
+            return None
+        return self._max_stretch(), None
 
     def _max_stretch(self) -> int:
         """Pure-decode steps: up to the first finish, before a block shortage."""
@@ -263,7 +267,11 @@ class SimEngine(OffloadScheduling, StepMachine):
         bs = self.block_size
         r = self.num_decoders
         cycles, rest = divmod(num_steps, bs)
-        blocks = cycles * r + sum(self._residues[(g + cycles * bs + i) % bs] for i in range(rest))
+        blocks = cycles * r
+        if rest:
+            res = self._residues
+            first = (g + cycles * bs) % bs
+            blocks += sum(res[first:first + rest]) + (sum(res[:first + rest - bs]) if first + rest > bs else 0)
         self.pool.allocate(blocks)
         alpha, beta = self._stretch_coeffs()
         self._inflight_end = start_s + alpha * num_steps + beta * num_steps * (num_steps - 1)
@@ -533,6 +541,7 @@ class SimEngine(OffloadScheduling, StepMachine):
 
     def _apply_aborts(self) -> None:
         aborts, self._aborts = self._aborts, []
+        self._changed()
         g = self.step_index
         for req in aborts:
             if req.state == LOADING or req.loaded:
@@ -553,6 +562,7 @@ class SimEngine(OffloadScheduling, StepMachine):
 
     def _apply_flush(self, now_s: float) -> None:
         self._flush_requested = False
+        self._changed()
         g = self.step_index
         if self.num_loading:
             for req in self.waiting:

@@ -223,6 +223,7 @@ class SGLangEngine(StepMachine):
         r = _Req(request, prefix, own.base if prefix is not None else 0, own)
         self.state[request] = r
         self.waiting.append(r)
+        self._changed()
         self._start_if_idle(now_s)
 
     def flush(self, now_s: float) -> None:
@@ -307,9 +308,10 @@ class SGLangEngine(StepMachine):
                 r.max_gap_s = self._gap_max_s[i]
 
     # ------------------------------------------------------------------ decode stretches
-    def _can_stretch(self) -> bool:
-        return (bool(self.running) and self.chunked is None and not self._shrunk
-                and (not self.waiting or self.batch_is_full))
+    def _stretch_bounds_now(self) -> Optional[tuple[int, Optional[float]]]:
+        if self.running and self.chunked is None and not self._shrunk and (not self.waiting or self.batch_is_full):
+            return self._max_stretch(), None
+        return None
 
     def _max_stretch(self) -> int:
         heap = self._finish_heap
@@ -643,6 +645,7 @@ class SGLangEngine(StepMachine):
 
     def _apply_flush(self, now_s: float) -> None:
         self._flush_pending = False
+        self._changed()
         self.tree.reset()
         self.available = self.total_tokens
         self.ratio_base = self.config.init_new_token_ratio

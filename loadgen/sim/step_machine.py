@@ -2,7 +2,8 @@
 
 A flavour (vLLM's scheduler in loadgen/sim/engine.py, SGLang's in loadgen/sim/sglang_engine.py)
 says how one general step is scheduled (``_step``), when the next steps are a pure-decode
-stretch in which nothing can change (``_can_stretch``, ``_max_stretch``), how long its steps
+stretch in which nothing can change and how long it may be (``_stretch_bounds_now``: up to the
+first finish, before a shortage, before a copy in flight lands), how long its steps
 last (``_stretch_coeffs``) and how such a stretch is committed (``_commit_stretch``). This
 class runs them in time:
 
@@ -37,6 +38,12 @@ class StepMachine:
         # tokens is one lookup when it leaves.
         self._gap_steps: list[int] = []
         self._gap_max_s: list[float] = []
+        # the stretch bounds of the current state, computed once per state (next_wakeup asks,
+        # then advance_to asks again when the clock gets there): every change of the
+        # scheduling state moves ``_version`` (``_changed``)
+        self._version = 0
+        self._bounds_version = -1
+        self._bounds: Optional[tuple[int, Optional[float]]] = None
 
     # ------------------------------------------------------------------ what a flavour provides
     def _at_boundary(self) -> bool:
@@ -44,11 +51,10 @@ class StepMachine:
         the engine is idle."""
         raise NotImplementedError
 
-    def _can_stretch(self) -> bool:
-        raise NotImplementedError
-
-    def _max_stretch(self) -> int:
-        """Pure-decode steps that may follow (up to the first finish, before a shortage)."""
+    def _stretch_bounds_now(self) -> Optional[tuple[int, Optional[float]]]:
+        """None if the next steps are not a pure-decode stretch, else (the most steps it may
+        have: up to the first finish, before a shortage; a time its steps must start before,
+        or None)."""
         raise NotImplementedError
 
     def _stretch_coeffs(self) -> tuple[float, float]:
@@ -89,44 +95,77 @@ class StepMachine:
             if self._at_boundary():
                 return
             start = self._next_start
-            if self._can_stretch():
-                num_steps = self._stretch_len(start, t_s)
+            bounds = self._stretch_bounds()
+            if bounds is not None:
+                num_steps = self._stretch_len(start, t_s, bounds)
                 if num_steps:
                     self._commit_stretch(start, num_steps)
+                    self._version += 1
                     continue
             self._step(start)
+            self._version += 1
 
     def next_wakeup(self) -> Optional[float]:
         """When the engine next needs the clock, if nothing new arrives (None when idle)."""
         end = self._inflight_end
         if end is None:
             return None
-        if self._done or self._first or not self._can_stretch():
+        if self._done or self._first:
             return end
-        num_steps = self._stretch_len(end, None)
+        bounds = self._stretch_bounds()
+        if bounds is None:
+            return end
+        num_steps = self._stretch_len(end, None, bounds)
         if num_steps == 0:
             return end
         alpha, beta = self._stretch_coeffs()
         return end + alpha * num_steps + beta * num_steps * (num_steps - 1)
 
-    def _stretch_len(self, start_s: float, limit_s: Optional[float]) -> int:
-        """Stretch steps to commit from ``start_s``: ``_max_stretch()``, and with ``limit_s``
-        only the steps starting at or before it."""
-        num_steps = self._max_stretch()
-        if limit_s is None or num_steps <= 1:
-            return max(num_steps, 0)
+    def _changed(self) -> None:
+        """The scheduling state changed outside a step (an arrival, an abort, a flush)."""
+        self._version += 1
+
+    def _stretch_bounds(self) -> Optional[tuple[int, Optional[float]]]:
+        if self._bounds_version != self._version:
+            self._bounds = self._stretch_bounds_now()
+            self._bounds_version = self._version
+        return self._bounds
+
+    def _stretch_len(self, start_s: float, limit_s: Optional[float], bounds: tuple[int, Optional[float]]) -> int:
+        """Stretch steps to commit from ``start_s``: at most ``bounds[0]``, only those starting
+        before ``bounds[1]`` (a copy landing) and, with ``limit_s``, at or before it."""
+        num_steps, deadline_s = bounds
+        if num_steps <= 0:
+            return 0
+        if deadline_s is not None:
+            num_steps = self._steps_starting_by(start_s, deadline_s, num_steps, strict=True)
+        if limit_s is not None and num_steps > 1:
+            num_steps = self._steps_starting_by(start_s, limit_s, num_steps, strict=False)
+        return num_steps
+
+    def _steps_starting_by(self, start_s: float, limit_s: float, num_steps: int, strict: bool) -> int:
+        """Of ``num_steps`` stretch steps from ``start_s``, how many start at or before
+        ``limit_s`` (before it, ``strict``)."""
         alpha, beta = self._stretch_coeffs()
         budget = limit_s - start_s  # steps i with T(i) = alpha*i + beta*i*(i-1) <= budget start in time
+        if strict and not budget > 0:
+            return 0
         if alpha > 0:  # zero-cost engines (load-generator benchmarks) run every step at once
             if beta > 0:
                 b1 = alpha - beta
                 i = int((-b1 + math.sqrt(b1 * b1 + 4 * beta * max(budget, 0.0))) / (2 * beta))
             else:
                 i = int(max(budget, 0.0) / alpha)
-            while i > 0 and alpha * i + beta * i * (i - 1) > budget:
-                i -= 1
-            while i + 1 < num_steps and alpha * (i + 1) + beta * (i + 1) * i <= budget:
-                i += 1
+            if strict:
+                while i > 0 and alpha * i + beta * i * (i - 1) >= budget:
+                    i -= 1
+                while i + 1 < num_steps and alpha * (i + 1) + beta * (i + 1) * i < budget:
+                    i += 1
+            else:
+                while i > 0 and alpha * i + beta * i * (i - 1) > budget:
+                    i -= 1
+                while i + 1 < num_steps and alpha * (i + 1) + beta * (i + 1) * i <= budget:
+                    i += 1
             num_steps = min(num_steps, i + 1)
         return num_steps
 

@@ -163,3 +163,19 @@ class OffloadScheduling:
         if stored is not None:
             req.store_from = end
             self.kv_offload_bytes_gpu_to_cpu += stored * self.block_size * self.host.config.kv_bytes_per_token
+
+    def _offload_stretch_bounds(self, budget: int) -> Optional[tuple[int, Optional[float]]]:
+        """Stretch bounds with the host tier: the waiting loop of the stretch's steps would skip
+        every copy in flight and stop at the first other request (it cannot be admitted or its
+        blocks are being loaded by another); the steps must start before the first copy lands.
+        A copy in flight is one more scheduled event, not a reason to step one token at a time."""
+        landing_s = None
+        for req in self.waiting:
+            if req.state == LOADING:
+                if landing_s is None or req.load_done_s < landing_s:
+                    landing_s = req.load_done_s
+                continue
+            if self._offload_plan(req, budget) not in (None, ("skip",)):
+                return None
+            break
+        return self._max_stretch(), landing_s
