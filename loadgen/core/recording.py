@@ -123,6 +123,8 @@ class RunRecorder:
             self._parts = self.run_dir / PARTS_DIR
             self._parts.mkdir(parents=True, exist_ok=True)
         self._num_parts = {name: 0 for name in (*TABLES, *OPTIONAL_TABLES)}
+        # the parts written so far, kept so that closing merges them without reading them back
+        self._written: dict[str, list[pa.Table]] = {name: [] for name in (*TABLES, *OPTIONAL_TABLES)}
         self._writer = writer
         self._writes: list[Future] = []
         self._turns = _Columns(TURN_SCHEMA)
@@ -212,10 +214,12 @@ class RunRecorder:
                 index = self._num_parts[name]
                 self._num_parts[name] += 1
                 path = self._parts / f"{name}-{index:05d}.parquet"
+                table = columns.take()
+                self._written[name].append(table)
                 if self._writer is None:
-                    _write_part(columns.take(), path)
+                    _write_part(table, path)
                 else:
-                    self._writes.append(self._writer.submit(_write_part, columns.take(), path))
+                    self._writes.append(self._writer.submit(_write_part, table, path))
 
     def _raise_failed_writes(self, wait: bool) -> None:
         pending = []
@@ -233,7 +237,7 @@ class RunRecorder:
         self.flush()
         self._raise_failed_writes(wait=True)
         if self.run_dir is not None:
-            merge_parts(self.run_dir)
+            merge_parts(self.run_dir, self._written)
 
     def tables(self) -> dict[str, pa.Table]:
         """An in-memory recorder's rows so far: turns, samples and sessions as written to disk."""
@@ -266,8 +270,11 @@ def _write_part(table: pa.Table, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def merge_parts(run_dir: Path) -> bool:
-    """Merge ``.parts/*`` into the run's Parquet files; True if anything was merged."""
+def merge_parts(run_dir: Path, written: Optional[dict[str, list[pa.Table]]] = None) -> bool:
+    """Merge ``.parts/*`` into the run's Parquet files; True if anything was merged.
+
+    ``written``: the tables of the parts as the recorder wrote them, in order; used instead of
+    reading the parts back when they are exactly the parts on disk and nothing was merged before."""
     run_dir = Path(run_dir)
     parts_dir = run_dir / PARTS_DIR
     if not parts_dir.is_dir():
@@ -278,9 +285,12 @@ def merge_parts(run_dir: Path) -> bool:
         final = run_dir / f"{name}.parquet"
         if name in OPTIONAL_TABLES and not parts:
             continue
-        if final.exists() and parts:
-            tables.append(pq.read_table(final))
-        tables += [pq.read_table(p) for p in parts]
+        if written is not None and not final.exists() and len(written.get(name, ())) == len(parts):
+            tables = list(written[name])
+        else:
+            if final.exists() and parts:
+                tables.append(pq.read_table(final))
+            tables += [pq.read_table(p) for p in parts]
         if tables or not final.exists():
             table = pa.concat_tables(tables) if tables else schema.empty_table()
             tmp = final.with_name(final.name + ".tmp")

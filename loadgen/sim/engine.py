@@ -262,7 +262,7 @@ class SimEngine(OffloadScheduling, StepMachine):
             num_steps = min(num_steps, cycles * bs + i)
         return num_steps
 
-    def _commit_stretch(self, start_s: float, num_steps: int) -> None:
+    def _commit_stretch(self, start_s: float, num_steps: int, coeffs: Optional[tuple[float, float]] = None) -> None:
         g = self.step_index
         bs = self.block_size
         r = self.num_decoders
@@ -273,7 +273,7 @@ class SimEngine(OffloadScheduling, StepMachine):
             first = (g + cycles * bs) % bs
             blocks += sum(res[first:first + rest]) + (sum(res[:first + rest - bs]) if first + rest > bs else 0)
         self.pool.allocate(blocks)
-        alpha, beta = self._stretch_coeffs()
+        alpha, beta = coeffs or self._stretch_coeffs()
         self._inflight_end = start_s + alpha * num_steps + beta * num_steps * (num_steps - 1)
         self._last_end_s = self._inflight_end
         self._push_gap(g, alpha + 2 * beta * (num_steps - 1))  # its steps grow longer: the last is longest
@@ -472,7 +472,8 @@ class SimEngine(OffloadScheduling, StepMachine):
         heap = self._finish_heap
         while heap:
             entry = heap[0]
-            if not _valid(entry):
+            req = entry[2]
+            if not (req.state == RUNNING and req.is_decoder and req.admit_seq == entry[1]):  # stale: see _valid
                 heapq.heappop(heap)
                 continue
             if entry[0] != g:
@@ -480,7 +481,6 @@ class SimEngine(OffloadScheduling, StepMachine):
                     raise AssertionError(f"decoder {entry[2]!r} should have finished at step {entry[0]} < {g}")
                 return
             heapq.heappop(heap)
-            req = entry[2]
             self._remove_decoder(req, g + 1)
             self._finish(req, req.num_computed)
 

@@ -319,11 +319,11 @@ class SGLangEngine(StepMachine):
             heapq.heappop(heap)
         return min(heap[0][0] - self.decode_index + 1, self.available // len(self.running))
 
-    def _commit_stretch(self, start_s: float, num_steps: int) -> None:
+    def _commit_stretch(self, start_s: float, num_steps: int, coeffs: Optional[tuple[float, float]] = None) -> None:
         """``num_steps`` decode steps of the whole running batch (its slots are free)."""
         n = len(self.running)
         self.available -= n * num_steps
-        alpha, beta = self._stretch_coeffs()
+        alpha, beta = coeffs or self._stretch_coeffs()
         end = start_s + alpha * num_steps + beta * num_steps * (num_steps - 1)
         first_end = start_s + alpha
         d = self.decode_index

@@ -44,6 +44,8 @@ class StepMachine:
         self._version = 0
         self._bounds_version = -1
         self._bounds: Optional[tuple[int, Optional[float]]] = None
+        self._coeffs_version = -1
+        self._coeffs: tuple[float, float] = (0.0, 0.0)
 
     # ------------------------------------------------------------------ what a flavour provides
     def _at_boundary(self) -> bool:
@@ -60,7 +62,9 @@ class StepMachine:
     def _stretch_coeffs(self) -> tuple[float, float]:
         raise NotImplementedError
 
-    def _commit_stretch(self, start_s: float, num_steps: int) -> None:
+    def _commit_stretch(self, start_s: float, num_steps: int, coeffs: Optional[tuple[float, float]] = None) -> None:
+        """Commit ``num_steps`` stretch steps from ``start_s`` (``coeffs``: the state's
+        ``_stretch_coeffs()``, when the caller has them)."""
         raise NotImplementedError
 
     def _step(self, start_s: float) -> None:
@@ -99,7 +103,7 @@ class StepMachine:
             if bounds is not None:
                 num_steps = self._stretch_len(start, t_s, bounds)
                 if num_steps:
-                    self._commit_stretch(start, num_steps)
+                    self._commit_stretch(start, num_steps, self._state_coeffs())
                     self._version += 1
                     continue
             self._step(start)
@@ -118,7 +122,7 @@ class StepMachine:
         num_steps = self._stretch_len(end, None, bounds)
         if num_steps == 0:
             return end
-        alpha, beta = self._stretch_coeffs()
+        alpha, beta = self._state_coeffs()
         return end + alpha * num_steps + beta * num_steps * (num_steps - 1)
 
     def _changed(self) -> None:
@@ -130,6 +134,13 @@ class StepMachine:
             self._bounds = self._stretch_bounds_now()
             self._bounds_version = self._version
         return self._bounds
+
+    def _state_coeffs(self) -> tuple[float, float]:
+        """``_stretch_coeffs()`` of the current state, computed once per state."""
+        if self._coeffs_version != self._version:
+            self._coeffs = self._stretch_coeffs()
+            self._coeffs_version = self._version
+        return self._coeffs
 
     def _stretch_len(self, start_s: float, limit_s: Optional[float], bounds: tuple[int, Optional[float]]) -> int:
         """Stretch steps to commit from ``start_s``: at most ``bounds[0]``, only those starting
@@ -146,7 +157,7 @@ class StepMachine:
     def _steps_starting_by(self, start_s: float, limit_s: float, num_steps: int, strict: bool) -> int:
         """Of ``num_steps`` stretch steps from ``start_s``, how many start at or before
         ``limit_s`` (before it, ``strict``)."""
-        alpha, beta = self._stretch_coeffs()
+        alpha, beta = self._state_coeffs()
         budget = limit_s - start_s  # steps i with T(i) = alpha*i + beta*i*(i-1) <= budget start in time
         if strict and not budget > 0:
             return 0
