@@ -4,7 +4,8 @@
 
 Pin it to one core for the issue's figure: ``taskset -c 0 python benchmarks/bench_sim.py``.
 Reports per flavour of the simulated engine (``--flavors vllm,sglang,vllm+offload``) and arm the median wall time of a whole run (workload planning, simulation, Parquet
-writing, run.json), the engine steps simulated, and the process's peak RSS.
+writing, run.json), its CPU time (what a busy, shared machine changes least), the engine steps
+simulated, and the process's peak RSS.
 """
 
 from __future__ import annotations
@@ -40,12 +41,13 @@ def bench(repeats: int, seeds: list[int], flavors: list[str]) -> dict:
             engine = base.engine.model_copy(update={"flavor": flavor})
         spec = base.model_copy(update={"engine": engine})
         for arm in [a.name for a in spec.arms]:
-            times, steps, turns = [], [], []
+            times, cpu_times, steps, turns = [], [], [], []
             for seed in seeds:
                 for _ in range(repeats):
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     info = run_simulated(spec, RunKey(arm, seed), Path(tmp))
                     times.append(time.perf_counter() - t0)
+                    cpu_times.append(time.process_time() - c0)
                 steps.append(info["counts"]["engine_steps"])
                 turns.append(info["counts"]["turns_completed"])
             # one more run of the first seed under tracemalloc: the peak of Python memory one run takes
@@ -57,6 +59,7 @@ def bench(repeats: int, seeds: list[int], flavors: list[str]) -> dict:
                 "runs_timed": len(times),
                 "wall_s_median": statistics.median(times),
                 "wall_s_max": max(times),
+                "cpu_s_median": statistics.median(cpu_times),
                 "engine_steps_mean": statistics.mean(steps),
                 "turns_mean": statistics.mean(turns),
                 "simulated_s_per_wall_s": spec.duration_s / statistics.median(times),
@@ -77,7 +80,8 @@ def main() -> None:
     results = bench(args.repeats, parse_seeds(args.seeds), args.flavors.split(","))
     for arm, r in results.items():
         if isinstance(r, dict):
-            print(f"{arm:18s} median {r['wall_s_median'] * 1000:7.1f} ms per 90-min run (max {r['wall_s_max'] * 1000:.1f}), "
+            print(f"{arm:18s} median {r['wall_s_median'] * 1000:7.1f} ms per 90-min run (max {r['wall_s_max'] * 1000:.1f}, "
+                  f"CPU {r['cpu_s_median'] * 1000:.1f}), "
                   f"{r['engine_steps_mean']:,.0f} engine steps, {r['turns_mean']:,.0f} turns, "
                   f"{r['simulated_s_per_wall_s']:,.0f}x real time, peak {r['peak_traced_mib']:.1f} MiB traced")
     print(f"peak RSS {results['peak_rss_mib']:.0f} MiB")

@@ -82,40 +82,35 @@ class RadixCache:
         self._heap: list = []
         self.num_nodes = 0
 
-    # ------------------------------------------------------------------ key comparison
-    @staticmethod
-    def _child_key(pos: int, pid: Hashable, plen: int, own: Hashable) -> tuple:
-        return ("p", pid) if pos < plen else ("s", own)
-
-    @staticmethod
-    def _common(node: Node, pid: Hashable, plen: int, own: Hashable, limit: int) -> int:
-        """How many tokens of ``node`` the key (pid, plen, own) shares, at most ``limit``.
-
-        The caller found ``node`` under the key's first token, so they agree at ``node.start``."""
-        n = node.length
-        if node.start < node.plen and node.own is not None and node.own != own:
-            n = node.plen - node.start  # the same prefix, then another stream's tokens
-        return n if n < limit else limit
-
-    def _page_floor(self, n: int) -> int:
-        return n - n % self.page_size if self.page_size > 1 else n
-
     # ------------------------------------------------------------------ match / insert
+    # The walks are written out in one loop each (a child's slot, the tokens it shares with the
+    # key, page flooring, stamping): a path holds a node per turn of a session, and these loops
+    # were most of the SGLang flavour's time.
     def match_prefix(self, pid: Hashable, plen: int, own: Hashable, key_len: int) -> tuple[int, Node]:
         """Longest cached prefix of the first ``key_len`` tokens: (tokens, last node). Stamps the path."""
         self.clock += 1
         stamp = self.clock
         node = self.root
         node.access = stamp
-        key_len = self._page_floor(key_len)
+        page = self.page_size
+        if page > 1:
+            key_len -= key_len % page
+        in_prefix, in_own = ("p", pid), ("s", own)
         pos = 0
         while pos < key_len:
-            child = node.children.get(self._child_key(pos, pid, plen, own))
+            child = node.children.get(in_prefix if pos < plen else in_own)
             if child is None:
                 break
             child.access = stamp
-            self._maybe_push(child)
-            n = self._page_floor(self._common(child, pid, plen, own, key_len - pos))
+            if child.lock_ref == 0 and not child.children:
+                self._push(child)
+            n = child.length
+            if child.start < child.plen and child.own is not None and child.own != own:
+                n = child.plen - child.start  # the same prefix, then another stream's tokens
+            if n > key_len - pos:
+                n = key_len - pos
+            if page > 1:
+                n -= n % page
             if n < child.length:
                 if n > 0:
                     node = self._split(child, n)
@@ -131,15 +126,25 @@ class RadixCache:
         stamp = self.clock
         node = self.root
         node.access = stamp
-        key_len = self._page_floor(key_len)
+        page = self.page_size
+        if page > 1:
+            key_len -= key_len % page
+        in_prefix, in_own = ("p", pid), ("s", own)
         pos = 0
         while pos < key_len:
-            child = node.children.get(self._child_key(pos, pid, plen, own))
+            child = node.children.get(in_prefix if pos < plen else in_own)
             if child is None:
                 break
             child.access = stamp
-            self._maybe_push(child)
-            n = self._page_floor(self._common(child, pid, plen, own, key_len - pos))
+            if child.lock_ref == 0 and not child.children:
+                self._push(child)
+            n = child.length
+            if child.start < child.plen and child.own is not None and child.own != own:
+                n = child.plen - child.start
+            if n > key_len - pos:
+                n = key_len - pos
+            if page > 1:
+                n -= n % page
             pos += n
             if n < child.length:
                 node = self._split(child, n)
@@ -174,29 +179,40 @@ class RadixCache:
 
     # ------------------------------------------------------------------ locks
     def inc_lock_ref(self, node: Node) -> None:
-        while node is not self.root:
+        root = self.root
+        newly = 0  # tokens of nodes that were unlocked
+        while node is not root:
             if node.lock_ref == 0:
-                self.evictable_size -= node.length
-                self.protected_size += node.length
+                newly += node.length
             node.lock_ref += 1
             node = node.parent
+        self.evictable_size -= newly
+        self.protected_size += newly
 
     def dec_lock_ref(self, node: Node) -> None:
-        while node is not self.root:
-            if node.lock_ref == 1:
-                self.evictable_size += node.length
-                self.protected_size -= node.length
-            node.lock_ref -= 1
-            if node.lock_ref == 0:
-                self._maybe_push(node)
+        root = self.root
+        freed = 0  # tokens of nodes left unlocked
+        while node is not root:
+            lock_ref = node.lock_ref - 1
+            node.lock_ref = lock_ref
+            if lock_ref == 0:
+                freed += node.length
+                if not node.children:
+                    self._push(node)
             node = node.parent
+        self.evictable_size += freed
+        self.protected_size -= freed
 
     # ------------------------------------------------------------------ eviction
     def _maybe_push(self, node: Node) -> None:
         if node.lock_ref == 0 and not node.children:
-            heapq.heappush(self._heap, (node.access, node.nid, node))
-            if len(self._heap) > 4 * self.num_nodes + 64:
-                self._compact()
+            self._push(node)
+
+    def _push(self, node: Node) -> None:
+        """An unlocked leaf goes into the eviction heap."""
+        heapq.heappush(self._heap, (node.access, node.nid, node))
+        if len(self._heap) > 4 * self.num_nodes + 64:
+            self._compact()
 
     def _compact(self) -> None:
         seen = set()
