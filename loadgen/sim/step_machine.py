@@ -183,8 +183,10 @@ class StepMachine:
     # ------------------------------------------------------------------ per-token gaps
     def _push_gap(self, first_step: int, longest_s: float) -> None:
         steps, gaps = self._gap_steps, self._gap_max_s
-        while gaps and gaps[-1] <= longest_s:
-            gaps.pop()
-            steps.pop()
+        keep = len(gaps)
+        while keep and gaps[keep - 1] <= longest_s:
+            keep -= 1
+        if keep < len(gaps):
+            del gaps[keep:], steps[keep:]
         steps.append(first_step)
         gaps.append(longest_s)
