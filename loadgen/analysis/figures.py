@@ -182,8 +182,10 @@ def write_figures(results_dir: str | os.PathLike, summary: Mapping[str, Any], nu
     return [path for path, _ in jobs]
 
 
-def figure_jobs(results_dir: str | os.PathLike, summary: Mapping[str, Any]) -> list[tuple[Path, Callable[[], None]]]:
-    """(path, a function that draws and saves it) for every figure write_figures writes."""
+def figure_jobs(results_dir: str | os.PathLike, summary: Mapping[str, Any],
+                load: Callable[[Path], RunData] = load_run) -> list[tuple[Path, Callable[[], None]]]:
+    """(path, a function that draws and saves it) for every figure write_figures writes; ``load``
+    reads a run directory (a caller drawing several sets of figures reads each run once)."""
     results_path = Path(results_dir)
     figures_dir = results_path / "figures"
     figures_dir.mkdir(parents=True, exist_ok=True)
@@ -191,7 +193,7 @@ def figure_jobs(results_dir: str | os.PathLike, summary: Mapping[str, Any]) -> l
     experiment = summary.get("experiment")
     arm_rank = {arm: i for i, arm in enumerate(colors)}
 
-    runs = [load_run(results_path / "runs" / entry["run_id"]) for entry in summary.get("runs", [])]
+    runs = [load(results_path / "runs" / entry["run_id"]) for entry in summary.get("runs", [])]
     runs.sort(key=lambda r: (arm_rank[str(r.run_json["arm"])], int(r.run_json["seed"])))
 
     runs_by_seed: dict[int, list[RunData]] = {}

@@ -115,12 +115,14 @@ def write_latency_figures(results_dir: str | os.PathLike, summary: Mapping[str, 
     return [path for path, _ in jobs]
 
 
-def latency_figure_jobs(results_dir: str | os.PathLike, summary: Mapping[str, Any]) -> list[tuple[Path, Callable]]:
-    """(path, a function that draws and saves it) for every figure write_latency_figures writes."""
+def latency_figure_jobs(results_dir: str | os.PathLike, summary: Mapping[str, Any],
+                        load: Callable[[Path], RunData] = load_run) -> list[tuple[Path, Callable]]:
+    """(path, a function that draws and saves it) for every figure write_latency_figures writes
+    (``load`` as in figures.figure_jobs)."""
     results_path = Path(results_dir)
     runs_by_arm: dict[str, list[RunData]] = {}
     for entry in summary.get("runs", []):
-        runs_by_arm.setdefault(str(entry["arm"]), []).append(load_run(results_path / "runs" / entry["run_id"]))
+        runs_by_arm.setdefault(str(entry["arm"]), []).append(load(results_path / "runs" / entry["run_id"]))
     if not runs_by_arm:
         return []
     figures_dir = results_path / "figures"

@@ -252,11 +252,15 @@ def _report(out: Path, console, figures: bool = True, num_workers: int = 1) -> l
         console.print(f"windows.parquet written for {len(written)} runs that lacked it")
     console.print(f"summary: {out / 'summary.json'}")
     if figures:
+        from functools import lru_cache
+
         from ..analysis.figures import figure_jobs
         from ..analysis.latency_figures import latency_figure_jobs
+        from ..analysis.runs import load_run
         from ..core.run_pool import run_jobs
 
-        jobs = figure_jobs(out, summary) + latency_figure_jobs(out, summary)
+        load = lru_cache(maxsize=None)(load_run)  # both sets of figures read each run once
+        jobs = figure_jobs(out, summary, load) + latency_figure_jobs(out, summary, load)
         run_jobs([draw for _, draw in jobs], num_workers)  # every figure on its own, over the workers
         paths = [path for path, _ in jobs]
         if paths:
