@@ -38,12 +38,13 @@ from .kv_pool import BlockPool, Stream
 from .offload import HostTier
 from .request import FINISHED, LOADING, RUNNING, WAITING, EngineConfig, SimRequest
 from .step_machine import StepMachine
+from .vllm_admission import Admission
 from .vllm_offload import OffloadScheduling
 
 __all__ = ["EngineConfig", "FINISHED", "LOADING", "RUNNING", "SimEngine", "SimRequest", "WAITING"]
 
 
-class SimEngine(OffloadScheduling, StepMachine):
+class SimEngine(Admission, OffloadScheduling, StepMachine):
     """A vLLM v1 engine in simulated time. See the module docstring."""
 
     def __init__(self, config: EngineConfig, cost: StepCostModel) -> None:
@@ -397,74 +398,6 @@ class SimEngine(OffloadScheduling, StepMachine):
             if req.state == RUNNING:
                 self.pool.allocate(1)
         return preempted
-
-    # ------------------------------------------------------------------ admission
-    def _admission_plan(self, req: SimRequest, budget: int) -> Optional[tuple]:
-        """(prefix hit, own hit, blocks to allocate, total blocks, tokens to schedule) if ``req``
-        can be admitted now, else None."""
-        if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
-            return None
-        bs = self.block_size
-        num_tokens = req.num_tokens
-        cap = (num_tokens - 1) // bs  # the last token is always computed
-        own = req.stream
-        prefix = req.prefix
-        hit_prefix = hit_own = 0
-        if self.caching:
-            if prefix is not None:
-                hit_prefix = min(prefix.cached, own.base, cap)
-                if hit_prefix == own.base:
-                    hit_own = min(own.cached, cap - own.base)
-            else:
-                hit_own = min(own.cached, cap)
-        hit_tokens = (hit_prefix + hit_own) * bs
-        n = min(num_tokens - hit_tokens, budget)
-        if self.config.reserve_full_prompt:
-            total = -(-num_tokens // bs)
-        else:
-            total = -(-(hit_tokens + n) // bs)
-        need = total - hit_prefix - hit_own
-        evictable = hit_own if own.ref_cnt == 0 else 0
-        if prefix is not None and prefix.ref_cnt == 0:
-            evictable += hit_prefix
-        if need + evictable > self.pool.num_free:
-            return None
-        return hit_prefix, hit_own, need, total, n
-
-    def _admit(self, req: SimRequest, plan: tuple) -> tuple[int, int]:
-        """Move the waiting head into the running list; returns (hit tokens, scheduled tokens)."""
-        hit_prefix, hit_own, need, total, n = plan
-        own = req.stream
-        if own.ref_cnt:
-            raise RuntimeError(f"stream {own.key!r} already has a request in the engine")
-        prefix = req.prefix
-        if prefix is not None:
-            req.is_builder = self.caching and prefix.ref_cnt == 0
-            req.prefix_hit_blocks = hit_prefix
-            self.pool.acquire(prefix, hit_prefix)
-        self.pool.acquire(own, hit_own)
-        self.pool.allocate(need)
-        req.alloc_blocks = total
-        hit_tokens = (hit_prefix + hit_own) * self.block_size
-        if req.num_cached_tokens < 0:
-            req.num_cached_tokens = hit_tokens
-        self.prefix_cache_queries += req.num_tokens
-        self.prefix_cache_hits += hit_tokens
-        self.running[req] = None
-        req.state = RUNNING
-        req.admit_seq = self._admit_seq
-        self._admit_seq += 1
-        self._computed(req, hit_tokens + n)
-        return hit_tokens, n
-
-    def _computed(self, req: SimRequest, num_computed: int) -> None:
-        """Blocks are cached as soon as their tokens are scheduled (vLLM cache_blocks)."""
-        req.num_computed = num_computed
-        if req.is_builder:
-            prefix = req.prefix
-            full = min(num_computed // self.block_size, req.stream.base)
-            if full > prefix.cached:
-                prefix.cached = full
 
     # ------------------------------------------------------------------ leaving the running set
     def _collect_finished(self, g: int) -> None:
