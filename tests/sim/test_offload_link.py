@@ -72,3 +72,21 @@ def test_bandwidth_follows_the_copy_piece_of_the_vllm_version():
     assert 8e9 < slow < 10e9 and 45e9 < fast < 50e9
     with pytest.raises(ValueError, match="vLLM version"):
         copy_piece_bytes("latest", 16, 147_456, 36)
+
+
+def test_a_load_waiting_for_the_link_holds_its_gpu_blocks(engine_cls):
+    """b's load waits behind a's: meanwhile b holds its whole prompt's 5 GPU blocks (the twin run
+    without b differs by exactly those: b takes no tokens while it waits)."""
+    held = {}
+    for with_b in (False, True):
+        engine = offload_engine(engine_cls, shared_link=False)
+        t = stored_then_flushed(engine, ["a", "b"]) + 1.0
+        submit(engine, "x", 16, 200, t)
+        submit(engine, "a", 80, 1, t + 0.001)
+        if with_b:
+            b = submit(engine, "b", 80, 1, t + 0.001)
+        engine.advance_to(t + 6 * BLOCK_S)  # a's copy has landed, b's has not
+        if with_b:
+            assert b.first_token_s is None
+        held[with_b] = round(engine.kv_usage() * 63)  # 64 blocks, one of them vLLM's null block
+    assert held[True] - held[False] == 5
