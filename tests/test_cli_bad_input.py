@@ -71,6 +71,9 @@ def test_bad_run_flags_are_refused_before_anything_runs(tmp_path, flags, expecte
      "engine.metrics_urls: [1]: 'b:8000' has no scheme: expected a URL like http://b:8000"),
     ({"engine": {"kind": "openai", "url": "http://r:8000", "metrics_urls": []}},
      "engine.metrics_urls: an empty list: give the replicas' base URLs, or leave metrics_urls out"),
+    ({"engine": {"kind": "sim", "offload": {"cpu_tokens": 900000, "vllm_version": "latest"}}},
+     "engine.offload.vllm_version: a vLLM version like 0.11 or 0.12.0 is expected, got 'latest'"),
+    ({"engine": {"kind": "sim", "offload": {"cpu_tokens": 900000, "link": "both"}}}, "engine.offload.link"),
 ])
 def test_bad_spec_values_name_the_field_and_what_is_expected(tmp_path, overrides, expected):
     spec = _spec_file(tmp_path, "bad.yaml", **overrides)

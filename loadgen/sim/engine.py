@@ -82,6 +82,8 @@ class SimEngine(Admission, OffloadScheduling, StepMachine):
             if not config.enable_prefix_caching:
                 raise ValueError("the CPU offload tier needs prefix caching (blocks are found by their hashes)")
             self.host = HostTier(config.offload)
+        # the time of what the engine applies now: a store is submitted to its copy link then
+        self._clock_s = 0.0
         self.num_loading = 0  # waiting requests that hold GPU blocks: loading, or loaded and not yet admitted
         # vllm:external_prefix_cache_{queries,hits} (tokens) and vllm:kv_offload_total_bytes by direction
         self.external_prefix_cache_queries = 0
@@ -169,10 +171,13 @@ class SimEngine(Admission, OffloadScheduling, StepMachine):
         self._aborts.append(request)
         self._changed()
         if self._inflight_end is None:
+            self._clock_s = now_s
             self._apply_aborts()
         return True
 
     def _at_boundary(self) -> bool:
+        if self._next_start is not None:
+            self._clock_s = self._next_start
         if self._aborts:
             self._apply_aborts()
         if self._flush_requested:
@@ -276,7 +281,7 @@ class SimEngine(Admission, OffloadScheduling, StepMachine):
         self.pool.allocate(blocks)
         alpha, beta = coeffs or self._stretch_coeffs()
         self._inflight_end = start_s + alpha * num_steps + beta * num_steps * (num_steps - 1)
-        self._last_end_s = self._inflight_end
+        self._last_end_s = self._clock_s = self._inflight_end
         self._push_gap(g, alpha + 2 * beta * (num_steps - 1))  # its steps grow longer: the last is longest
         self.step_index = g + num_steps
         self.num_steps += num_steps
@@ -290,6 +295,7 @@ class SimEngine(Admission, OffloadScheduling, StepMachine):
         g = self.step_index
         budget = cfg.max_num_batched_tokens
         preempted = False
+        self._clock_s = start_s
         if self.num_decoders:
             need = self._residues[g % bs]
             if need <= self.pool.num_free:
@@ -354,7 +360,7 @@ class SimEngine(Admission, OffloadScheduling, StepMachine):
                     self.prefilling.append(req)
         end = start_s + self.cost.step_time(num_tokens, attention, decode_ctx)
         self._inflight_end = end
-        self._last_end_s = end
+        self._last_end_s = self._clock_s = end
         self._push_gap(g, end - start_s)
         self.step_index = g + 1
         self.num_steps += 1
@@ -495,6 +501,7 @@ class SimEngine(Admission, OffloadScheduling, StepMachine):
 
     def _apply_flush(self, now_s: float) -> None:
         self._flush_requested = False
+        self._clock_s = now_s
         self._changed()
         g = self.step_index
         if self.num_loading:

@@ -23,10 +23,19 @@ The model here (both engines, see tests/sim/reference_engine.py):
   ``prepare_store`` of the full blocks from the request's next-store index on. Lookups only see
   completed stores, so what a lookup can hit is the same; the tier's occupancy by a running
   request's not-yet-visible blocks is not modelled;
-* transfers overlap compute (vLLM copies on its own CUDA stream): a load of k blocks takes
+* transfers overlap compute (vLLM copies on its own CUDA streams): a copy of k blocks takes
   ``latency_s + k * block_size * kv_bytes_per_token / bandwidth_bytes_per_s``; a request whose
   load has landed by a step's start is scheduled in that step (vLLM polls finished transfers
-  once per step).
+  once per step);
+* the copies of one direction share one link (``CopyLink``): vLLM's worker has one
+  ``SingleDirectionOffloadingHandler`` per direction (vllm/v1/kv_offload/worker/cpu_gpu.py) and
+  each job's stream waits for the previous job's end event, so a direction's jobs run one after
+  the other in submission order. Loads queue FIFO on the host-to-GPU link, stores (issued when a
+  request finishes or is preempted, at that time) on the GPU-to-host link; with
+  ``shared_link`` both directions queue on one link (a host whose copies contend for one path);
+* the bandwidth is an effective one, a function of the bytes one copy moves
+  (``effective_bandwidth_bytes_per_s``): vLLM before 0.12 copies per-layer K and V pieces of a
+  block (tens of KiB each), from 0.12 one contiguous block of all layers (0.5-2 MiB).
 
 This module keeps the tier compressed, like ``kv_pool``: block hashes are positions of
 append-only streams, and a touch moves a stream's blocks [lo, hi) to the MRU end deepest first,
@@ -46,12 +55,50 @@ from .kv_pool import Stream
 
 # Defaults and where they come from (docs/engine-model.md#cpu-kv-offload-tier).
 # PCIe 5.0 x16 moves 64 GB/s per direction raw (32 GT/s x 16 lanes, 128b/130b); pinned-memory
-# copies reach about 50 GB/s host<->device on H100/MI300X-class hosts.
-DEFAULT_BANDWIDTH_BYTES_PER_S = 50e9
+# copies of large pieces reach about 50 GB/s host<->device on H100/MI300X-class hosts: the
+# asymptote of the effective bandwidth below.
+PEAK_BANDWIDTH_BYTES_PER_S = 50e9
+# What one DMA copy (one cudaMemcpyAsync of one piece) costs beyond its bytes: a few microseconds
+# of descriptor set-up and engine turnaround. With it, 32 KiB pieces move at ~9 GB/s and 2.25 MiB
+# pieces at ~47 GB/s: the 4-5x vLLM 0.12 gained by its contiguous layout (docs say where from).
+PER_COPY_S = 3e-6
+# vLLM releases from this one copy a block of all layers as one contiguous piece.
+CONTIGUOUS_LAYOUT_VERSION = (0, 12)
+DEFAULT_VLLM_VERSION = "0.12"
 # A copy job costs a kernel launch plus a CUDA event poll per step: tens of microseconds.
 DEFAULT_LATENCY_S = 20e-6
 # Qwen3-8B in BF16: K and V x 36 layers x 8 KV heads x 128 dims x 2 bytes = 144 KiB per token.
 DEFAULT_KV_BYTES_PER_TOKEN = 147_456
+DEFAULT_KV_LAYERS = 36
+
+
+def parse_vllm_version(version: str) -> tuple[int, int]:
+    """"0.11", "0.12.0", "0.32.1rc1" -> (major, minor); ValueError on anything else."""
+    parts = version.split(".")
+    if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
+        raise ValueError(f"a vLLM version like 0.11 or 0.12.0 is expected, got {version!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def copy_piece_bytes(vllm_version: str, block_size: int, kv_bytes_per_token: int, kv_layers: int) -> int:
+    """The bytes one copy moves: before 0.12 vLLM's KV cache is one tensor per layer with K and V
+    apart, so a block is 2 x layers pieces; from 0.12 a block of all layers is one piece."""
+    block_bytes = block_size * kv_bytes_per_token
+    if parse_vllm_version(vllm_version) >= CONTIGUOUS_LAYOUT_VERSION:
+        return block_bytes
+    return max(1, block_bytes // (2 * kv_layers))
+
+
+def effective_bandwidth_bytes_per_s(piece_bytes: int, peak_bytes_per_s: float = PEAK_BANDWIDTH_BYTES_PER_S,
+                                    per_copy_s: float = PER_COPY_S) -> float:
+    """Bytes per second of a stream of copies of ``piece_bytes`` each: each costs ``per_copy_s``
+    plus its bytes at the peak rate."""
+    return piece_bytes / (per_copy_s + piece_bytes / peak_bytes_per_s)
+
+
+# vLLM's default layout (0.12 and later) with 16-token blocks of Qwen3-8B: ~47 GB/s.
+DEFAULT_BANDWIDTH_BYTES_PER_S = effective_bandwidth_bytes_per_s(
+    copy_piece_bytes(DEFAULT_VLLM_VERSION, 16, DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_KV_LAYERS))
 
 
 @dataclass(frozen=True)
@@ -62,9 +109,25 @@ class OffloadConfig:
     bandwidth_bytes_per_s: float = DEFAULT_BANDWIDTH_BYTES_PER_S
     latency_s: float = DEFAULT_LATENCY_S
     kv_bytes_per_token: int = DEFAULT_KV_BYTES_PER_TOKEN
+    shared_link: bool = False  # loads and stores queue on one link (default: one link per direction)
 
     def transfer_s(self, num_blocks: int, block_size: int) -> float:
         return self.latency_s + num_blocks * block_size * self.kv_bytes_per_token / self.bandwidth_bytes_per_s
+
+
+class CopyLink:
+    """One direction's copies, one after the other in submission order (a FIFO server)."""
+
+    __slots__ = ("free_s",)
+
+    def __init__(self) -> None:
+        self.free_s = 0.0  # when the last job submitted so far ends
+
+    def submit(self, now_s: float, duration_s: float) -> float:
+        """A job of ``duration_s`` submitted at ``now_s``: it starts when the link is free; returns its end."""
+        end = max(now_s, self.free_s) + duration_s
+        self.free_s = end
+        return end
 
 
 class _Entry:
@@ -92,6 +155,8 @@ class HostTier:
         self.num_blocks = config.cpu_blocks
         self.num_used = 0
         self.num_pinned = 0  # distinct pinned positions
+        self.to_gpu = CopyLink()  # loads
+        self.to_host = self.to_gpu if config.shared_link else CopyLink()  # stores
         self.lru: OrderedDict[int, _Entry] = OrderedDict()
         self._entries: dict[Stream, list[int]] = {}  # stream -> its entry ids
         self._pins: dict[Stream, dict[int, int]] = {}  # stream -> position -> loads pinning it

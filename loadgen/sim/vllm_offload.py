@@ -4,7 +4,7 @@ A mixin of ``SimEngine`` (loadgen/sim/engine.py): with ``EngineConfig.offload`` 
 request whose blocks after its GPU hit are in the host tier (loadgen/sim/offload.py) is parked
 while they are copied (vLLM's WAITING_FOR_REMOTE_KVS), holding its whole prompt's GPU blocks,
 and scheduled in place once the copy lands; finished and preempted requests store their full
-blocks to the host tier.
+blocks to the host tier. Copies queue on the tier's links (loadgen/sim/offload.py ``CopyLink``).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ class OffloadScheduling:
         host.pin(prefix, own, h, h + k)
         req.load_start, req.load_blocks = h, k
         req.store_from = h + k
-        req.load_done_s = start_s + host.config.transfer_s(k, bs)
+        req.load_done_s = host.to_gpu.submit(start_s, host.config.transfer_s(k, bs))  # FIFO behind earlier copies
         req.state = LOADING
         self.num_loading += 1
         self.prefix_cache_queries += req.num_tokens
@@ -162,6 +162,8 @@ class OffloadScheduling:
         stored = self.host.store(req.prefix, req.stream, req.store_from, end)
         if stored is not None:
             req.store_from = end
+            if stored:
+                self.host.to_host.submit(self._clock_s, self.host.config.transfer_s(stored, self.block_size))
             self.kv_offload_bytes_gpu_to_cpu += stored * self.block_size * self.host.config.kv_bytes_per_token
 
     def _offload_stretch_bounds(self, budget: int) -> Optional[tuple[int, Optional[float]]]:

@@ -145,6 +145,11 @@ class ReferenceEngine:
         if self.offload is not None and not self.caching:
             raise ValueError("the CPU offload tier needs prefix caching (blocks are found by their hashes)")
         self.host: OrderedDict[int, int] = OrderedDict()
+        # Copy jobs as vllm/v1/kv_offload/worker/cpu_gpu.py runs them: one handler per direction,
+        # each job's stream waiting for the end event of the direction's previous job. Every job
+        # (direction, submitted, start, end) per link; with offload.shared_link both directions use "to_gpu".
+        self.copy_jobs: dict[str, list[tuple[str, float, float, float]]] = {"to_gpu": [], "to_host": []}
+        self._clock_s = 0.0  # when what is being applied happens (a store is submitted then)
         self.external_prefix_cache_queries = 0
         self.external_prefix_cache_hits = 0
         self.kv_offload_bytes_gpu_to_cpu = 0
@@ -216,6 +221,7 @@ class ReferenceEngine:
             return False
         self._aborts.append(request)
         if self._inflight_end is None:
+            self._clock_s = now_s
             self._apply_aborts()
         return True
 
@@ -235,6 +241,7 @@ class ReferenceEngine:
                     if req.on_done is not None:
                         req.on_done(req)
             if self._aborts:
+                self._clock_s = self._next_start
                 self._apply_aborts()
             if self._flush_requested:
                 self._apply_flush(self._next_start)
@@ -352,6 +359,7 @@ class ReferenceEngine:
 
     # ------------------------------------------------------------------ one step
     def _start_step(self, start_s: float) -> None:
+        self._clock_s = start_s
         cfg = self.config
         bs = self.block_size
         budget = cfg.max_num_batched_tokens
@@ -440,6 +448,7 @@ class ReferenceEngine:
     def _end_step(self) -> tuple[list[SimRequest], list[SimRequest]]:
         """The step's tokens are sampled; finished requests free their blocks, in running order.
         Returns (requests whose first token this was and that want ``on_first_token``, finished)."""
+        self._clock_s = self._inflight_end
         first = []
         for st, _n in self._inflight:
             if st.num_computed < st.num_tokens:
@@ -509,9 +518,21 @@ class ReferenceEngine:
                     del self.host[h]
             for h in new:
                 self.host[h] = 0
+            self._copy("to_host", self._clock_s, len(new))
             self._host_touch(hashes[:end])
             self.kv_offload_bytes_gpu_to_cpu += len(new) * self.block_size * self.offload.kv_bytes_per_token
         st.store_from = end
+
+    def _copy(self, direction: str, now_s: float, num_blocks: int) -> float:
+        """Submit a copy of ``num_blocks`` blocks at ``now_s``; returns when it lands."""
+        jobs = self.copy_jobs["to_gpu" if self.offload.shared_link else direction]
+        start = now_s
+        if jobs and jobs[-1][3] > start:
+            start = jobs[-1][3]  # stream.wait_event(previous job's end event)
+        end = start + self.offload.latency_s + (num_blocks * self.block_size * self.offload.kv_bytes_per_token
+                                                / self.offload.bandwidth_bytes_per_s)
+        jobs.append((direction, now_s, start, end))
+        return end
 
     def _cancel_load(self, st: RefState) -> None:
         req = st.req
@@ -580,7 +601,7 @@ class ReferenceEngine:
                     st.load_start, st.load_blocks = h, k
                     st.store_from = h + k
                     st.num_computed = 0
-                    st.load_done_s = start_s + self.offload.transfer_s(k, bs)
+                    st.load_done_s = self._copy("to_gpu", start_s, k)
                     req.state = LOADING
                     self.external_prefix_cache_hits += k * bs
                     self.kv_offload_bytes_cpu_to_gpu += k * bs * self.offload.kv_bytes_per_token
@@ -636,6 +657,7 @@ class ReferenceEngine:
 
     def _apply_flush(self, now_s: float) -> None:
         self._flush_requested = False
+        self._clock_s = now_s
         for req in self.waiting:
             if req.state == LOADING or self.states[req].loaded:
                 self._cancel_load(self.states[req])

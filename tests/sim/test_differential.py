@@ -65,6 +65,7 @@ class RunResult:
     first_token_order: list = field(default_factory=list)
     counters: dict = field(default_factory=dict)
     flush_times_s: list = field(default_factory=list)
+    copy_jobs: dict = field(default_factory=dict)  # the reference engine's host<->GPU copies per link
 
 
 def make_session(key: str, prefix_key: Optional[str], base_tokens: int, arrival_s: float, initial: int,
@@ -154,6 +155,7 @@ def run_workload(cls, wl: Workload, check_invariants: bool = True) -> RunResult:
         "prompt_tokens_total", "generation_tokens_total", "external_prefix_cache_queries",
         "external_prefix_cache_hits", "kv_offload_bytes_gpu_to_cpu", "kv_offload_bytes_cpu_to_gpu")}
     res.flush_times_s = list(engine.flush_times_s)
+    res.copy_jobs = getattr(engine, "copy_jobs", {})
     return res
 
 

@@ -26,11 +26,14 @@ def random_offload_workload(seed: int) -> Workload:
     num_blocks = wl.knobs["num_blocks"]
     cpu_blocks = rng.choice([1, 2, num_blocks // 2 + 1, num_blocks, 3 * num_blocks, 10 * num_blocks])
     u = rng.random()
+    shared_link = rng.random() < 0.5  # stores queue ahead of loads on one link, or on their own
     if u < 0.15:  # instant copies: a loaded request is scheduled in the step after its load starts
-        offload = OffloadConfig(cpu_blocks, bandwidth_bytes_per_s=1e30, latency_s=0.0, kv_bytes_per_token=1)
+        offload = OffloadConfig(cpu_blocks, bandwidth_bytes_per_s=1e30, latency_s=0.0, kv_bytes_per_token=1,
+                                shared_link=shared_link)
     else:  # 1e4 .. 1e6 tokens/s and up to 5 ms per copy: from far below a step to several steps
         offload = OffloadConfig(cpu_blocks, bandwidth_bytes_per_s=10 ** rng.uniform(4, 6),
-                                latency_s=rng.choice([0.0, rng.uniform(0, 5e-3)]), kv_bytes_per_token=1)
+                                latency_s=rng.choice([0.0, rng.uniform(0, 5e-3)]), kv_bytes_per_token=1,
+                                shared_link=shared_link)
     knobs = dict(wl.knobs, enable_prefix_caching=True, offload=offload)
     return Workload(knobs, wl.sessions, wl.cost, wl.flush_at)
 
@@ -46,7 +49,8 @@ def test_fast_engine_matches_reference_with_a_cpu_tier(seed):
 def test_offload_workloads_exercise_the_tier():
     """The seeds reach host hits (loads), loads while other requests run, evictions from the host
     tier, and GPU preemptions with the tier on, each in a good share of the workloads."""
-    seen = dict.fromkeys(("host_hit", "host_full", "preemption", "flush_with_tier"), 0)
+    seen = dict.fromkeys(("host_hit", "host_full", "preemption", "flush_with_tier", "load_queued",
+                          "load_behind_store"), 0)
     for seed in OFFLOAD_SEEDS:
         wl = random_offload_workload(seed)
         res = run_workload(ReferenceEngine, wl, check_invariants=False)
@@ -56,5 +60,11 @@ def test_offload_workloads_exercise_the_tier():
         seen["host_full"] += stored_blocks > wl.knobs["offload"].cpu_blocks
         seen["preemption"] += res.counters["num_preemptions"] > 0
         seen["flush_with_tier"] += bool(res.flush_times_s) and res.counters["external_prefix_cache_hits"] > 0
+        # a copy that waited for the link: behind another load, or (one shared link) behind a store
+        jobs = res.copy_jobs["to_gpu"]
+        waited = [i for i, (direction, submitted, start, _) in enumerate(jobs)
+                  if direction == "to_gpu" and start > submitted]
+        seen["load_queued"] += bool(waited)
+        seen["load_behind_store"] += any(i and jobs[i - 1][0] == "to_host" for i in waited)
     assert seen["host_hit"] >= len(OFFLOAD_SEEDS) // 3, seen
     assert all(v >= len(OFFLOAD_SEEDS) // 20 for v in seen.values()), seen

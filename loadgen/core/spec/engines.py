@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ...sim.cost import PRESETS, StepCostModel
-from ...sim.offload import (DEFAULT_BANDWIDTH_BYTES_PER_S, DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_LATENCY_S,
-                           OffloadConfig)
+from ...sim.offload import (DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_KV_LAYERS, DEFAULT_LATENCY_S, DEFAULT_VLLM_VERSION,
+                           OffloadConfig, copy_piece_bytes, effective_bandwidth_bytes_per_s, parse_vllm_version)
 
 from .base import _Model
 
@@ -39,12 +39,34 @@ class OffloadSpec(_Model):
 
     cpu_tokens: int = Field(..., gt=0, description="Host tier size in tokens (cpu_bytes_to_use / KV bytes per token); "
                                                    "900000 is ~124 GiB for Qwen3-8B at 144 KiB/token.")
-    bandwidth_bytes_per_s: float = Field(
-        DEFAULT_BANDWIDTH_BYTES_PER_S, gt=0,
-        description="Host<->GPU copy bandwidth (default 50 GB/s: PCIe 5.0 x16, 64 GB/s raw per direction).")
+    vllm_version: str = Field(
+        DEFAULT_VLLM_VERSION,
+        description="The vLLM release whose copy layout sets the effective bandwidth: before 0.12 per-layer K and "
+                    "V pieces of a block (32 KiB for Qwen3-8B: ~9 GB/s), from 0.12 one contiguous block (~47 GB/s); "
+                    "docs/engine-model.md#cpu-kv-offload-tier.")
+    bandwidth_bytes_per_s: Optional[float] = Field(
+        None, gt=0, description="An explicit effective host<->GPU copy bandwidth per direction (replaces the "
+                                "vllm_version figure); default: from vllm_version.")
     latency_s: float = Field(DEFAULT_LATENCY_S, ge=0, description="Fixed cost of one copy job (launch and poll).")
     kv_bytes_per_token: int = Field(DEFAULT_KV_BYTES_PER_TOKEN, gt=0,
                                     description="KV bytes of one token (default Qwen3-8B BF16: 147456 = 144 KiB).")
+    kv_layers: int = Field(DEFAULT_KV_LAYERS, gt=0,
+                           description="Attention layers holding KV (Qwen3-8B: 36): the pieces of a pre-0.12 copy.")
+    link: Literal["duplex", "shared"] = Field(
+        "duplex", description="duplex: loads and stores each queue on their own direction's link (vLLM's two "
+                              "copy handlers over full-duplex PCIe); shared: both queue on one link.")
+
+    @field_validator("vllm_version")
+    @classmethod
+    def _check_version(cls, value: str) -> str:
+        parse_vllm_version(value)
+        return value
+
+    def effective_bandwidth_bytes_per_s(self, block_size: int) -> float:
+        if self.bandwidth_bytes_per_s is not None:
+            return self.bandwidth_bytes_per_s
+        return effective_bandwidth_bytes_per_s(
+            copy_piece_bytes(self.vllm_version, block_size, self.kv_bytes_per_token, self.kv_layers))
 
 
 class SimEngineSpec(_Model):
@@ -104,8 +126,8 @@ class SimEngineSpec(_Model):
         o = self.offload
         if o is None:
             return None
-        return OffloadConfig(o.cpu_tokens // self.block_size, o.bandwidth_bytes_per_s, o.latency_s,
-                             o.kv_bytes_per_token)
+        return OffloadConfig(o.cpu_tokens // self.block_size, o.effective_bandwidth_bytes_per_s(self.block_size),
+                             o.latency_s, o.kv_bytes_per_token, shared_link=o.link == "shared")
 
     def load_cost_model(self, base_dir: Optional[Path] = None) -> StepCostModel:
         if isinstance(self.cost_model, dict):
