@@ -207,3 +207,6 @@ class Tree(Generic[Node]):
                    b.join_turn, b.wait_for)
             for i, b in enumerate(self.branches))
         return Tree(node, branches, self.parallel)
+
+
+RecordedTree = Tree[RecordedSession]
