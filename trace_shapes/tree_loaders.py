@@ -90,11 +90,15 @@ def _tree_node(row: Row, obj: dict, where: str, session_id: str, model: str) -> 
             subtree = _tree_node(row, child, child_at, f"{session_id}.{b}.{c}", node.model)
             children.append(Child(subtree, None if delay is None else row.number(delay, f"{child_at}start_delay_s",
                                                                                    minimum=0.0)))
+        after = row.integer(row.require(branch, "after_call", f"{at}after_call"), f"{at}after_call")
+        if after >= len(prompts):
+            raise row.error(f"{at}after_call", f"the session has {len(prompts)} calls, got {after}")
         join = branch.get("join_call")
+        if join is not None and not after < row.integer(join, f"{at}join_call") < len(prompts):
+            raise row.error(f"{at}join_call", f"must lie in ({after}, {len(prompts)}), got {join}")
         wait_for = branch.get("wait_for")
         branches.append(row.checked(at[:-1], lambda: Branch(
-            row.integer(row.require(branch, "after_call", f"{at}after_call"), f"{at}after_call"), mode,
-            tuple(children), None if join is None else row.integer(join, f"{at}join_call"),
+            after, mode, tuple(children), join,
             None if wait_for is None else row.integer(wait_for, f"{at}wait_for", minimum=1))))
     parallel = []
     for p, entry in enumerate(row.listing(obj.get("parallel") or [], f"{where}parallel")):
