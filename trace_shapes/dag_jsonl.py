@@ -1,5 +1,5 @@
-"""AIPerf's ``dag_jsonl`` (ai-dynamo/aiperf ``docs/benchmark-modes/dag.md``, schema in
-``src/aiperf/dataset/loader/dag_jsonl_models.py``): one conversation a line, ``session_id`` and
+"""AIPerf's ``dag_jsonl`` (ai-dynamo/aiperf at commit 05440a0: its DAG guide, ``benchmark-modes/dag``
+in its docs, and the schema in ``src/aiperf/dataset/loader/dag_jsonl_models.py``): one conversation a line, ``session_id`` and
 ``turns[]``; a turn has ``messages`` (appended to the session's history, as AIPerf's default
 ``deltas_without_responses`` mode sends them: each request is every earlier turn's messages and
 responses, then this turn's), ``max_tokens``, ``delay`` (ms before the turn), ``model``, ``tools``,

@@ -7,6 +7,10 @@ from collections import Counter
 from typing import Any, Optional, Sequence
 
 from .describe import _fmt, _row, _share, describe_sessions, distribution, recorded_lines
+
+
+def _tokens_share(part: int, whole: int) -> str:
+    return f"{part:,} of {whole:,} ({100 * part / whole:.1f}%)" if whole else f"{part:,} of 0"
 from .tree import FORK, RecordedTree
 
 NOT_RUNNABLE = ("session trees are not replayed yet (the runner runs linear sessions); a spec with trees is "
@@ -86,8 +90,8 @@ def format_tree_description(description: dict[str, Any], notes: Optional[Sequenc
         f"  branches: {modes.get('spawn', 0)} spawn, {modes.get(FORK, 0)} fork; joins: {joins['all']} wait for all, "
         f"{joins['some']} for some, {joins['none']} nobody waits",
         _row("calls per parallel turn", trees["calls_per_parallel_turn"]),
-        f"  first calls' tokens in shared prefixes: {_share(shared['first_call_shared'], shared['first_call'])}",
-        f"  all prompt tokens in shared prefixes: {_share(shared['all_calls_shared'], shared['all_calls'])} "
+        f"  first calls' tokens in shared prefixes: {_tokens_share(shared['first_call_shared'], shared['first_call'])}",
+        f"  all prompt tokens in shared prefixes: {_tokens_share(shared['all_calls_shared'], shared['all_calls'])} "
         f"(fork-inherited {_fmt(shared['fork'], '')}, cross-session prefixes {_fmt(shared['prefix'], '')}, "
         f"parallel calls {_fmt(shared['parallel'], '')})",
         "recorded (every session of every tree):",

@@ -1,5 +1,7 @@
-"""GuideLLM's multi-turn synthetic data with sub-agent ``branches`` (vllm-project/guidellm
-``docs/guides/multiturn.md``, ``src/guidellm/data/deserializers/synthetic.py``, v0.7.3): one
+"""GuideLLM's multi-turn synthetic data with sub-agent ``branches`` (vllm-project/guidellm v0.7.3-12,
+commit ee7a774: its multi-turn guide, ``guides/multiturn`` in its docs, the ``BranchSpec`` of
+``src/guidellm/data/deserializers/synthetic.py`` and the history edges of
+``src/guidellm/scheduler/schemas/conversation.py``): one
 ``synthetic_text`` data config a row (a JSON document or JSONL), read as the tree every
 conversation it generates has:
 

@@ -1,4 +1,5 @@
-"""The WEKA agentic-coding traces (callanjfox/agentic-coding-analysis ``docs/TRACE_FORMAT.md``): one
+"""The WEKA agentic-coding traces (callanjfox/agentic-coding-analysis at commit 15e88f7: its trace format
+specification, ``TRACE_FORMAT`` in its docs, and ``examples/sample_trace_with_subagent.json``): one
 conversation a JSON document (a file holds one, a list, or one a line), field names as there:
 
 ``id``, ``models``, ``block_size`` (64), ``tool_tokens`` + ``system_tokens`` (the tools and system
