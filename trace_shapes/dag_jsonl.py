@@ -92,7 +92,7 @@ class _Reader:
             parts.append(row.text(row.require(part, "text", f"{where}.content[{j}].text"), f"{where}.content[{j}].text"))
         return "".join(parts)
 
-    def turn(self, row: Row, turn: dict, where: str) -> _Turn:
+    def turn(self, row: Row, turn: dict, where: str, k: int) -> _Turn:
         unknown = sorted(set(turn) - TURN_KEYS)
         if unknown:
             raise row.error(f"{where}.{unknown[0]}", f"not a dag_jsonl turn field (fields: {sorted(TURN_KEYS)})")
@@ -108,7 +108,9 @@ class _Reader:
             text = self.message_text(row, message, at)
             count = self.tokens(row, text, f"{at}.content") if text else 0
             tokens += count
-            if role == "system" and len(system_parts) == m:  # leading system messages only
+            if role == "system":
+                if k or len(system_parts) != m:  # AIPerf refuses them too: chat templates drop a later system
+                    raise row.error(f"{at}.role", "a system message is only read at the start of a first turn")
                 system_parts.append(text)
                 system_tokens += count
         if turn.get("tools") is not None:
@@ -184,7 +186,7 @@ class _Reader:
         for k, turn in enumerate(turns):
             where = f"turns[{k}]"
             turn = row.mapping(turn, where)
-            conversation.turns.append(self.turn(row, turn, where))
+            conversation.turns.append(self.turn(row, turn, where, k))
             conversation.branches.append(self.branches(row, turn, where, k, len(turns)))
         return session_id, conversation
 

@@ -111,6 +111,8 @@ def _turn(text="hello there", **extra):
      2, "orchestrator", "not read as trees"),
     ([{"session_id": "a", "turns": [_turn(forks=["c"])]}, {"session_id": "b", "turns": [_turn(forks=["c"])]},
       {"session_id": "c", "turns": [_turn()]}], 2, "turns[0].forks", "already forked by 'a'"),
+    ([{"session_id": "a", "turns": [_turn(), {"messages": [{"role": "system", "content": "be brief"}], "max_tokens": 2}]}],
+     1, "turns[1].messages[0].role", "only read at the start of a first turn"),
     ([{"session_id": "r", "turns": [_turn(spawns=["a"])]}, {"session_id": "a", "turns": [_turn(spawns=["b"])]},
       {"session_id": "b", "turns": [_turn(spawns=["a"])]}], 2, "session_id", "cycle: r -> a -> b -> a"),
 ])
