@@ -178,13 +178,9 @@ class FileRows(RowSource):
             raise TraceFormatError(path, f"cannot read as {'gzip ' if opener is gzip.open else ''}JSONL ({exc})") from None
 
 
-class JsonDocumentRows(RowSource):
+class JsonDocumentRows(FileRows):
     """A file (or ``.gz``) holding one JSON document, an object (row 1) or a list of objects (row =
     the element's number), as some formats ship one trace a file; or else JSONL, one row a line."""
-
-    def __init__(self, path: Union[str, Path]) -> None:
-        self.path = Path(path)
-        self.name = str(path)
 
     def __iter__(self) -> Iterator[Row]:
         path = self.path
@@ -202,7 +198,7 @@ class JsonDocumentRows(RowSource):
             if exc.msg != "Extra data":  # not JSONL either: say where the document breaks
                 raise TraceFormatError(path, f"not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})",
                                        exc.lineno) from None
-            yield from FileRows(path)
+            yield from super().__iter__()
             return
         for number, data in enumerate(document if isinstance(document, list) else [document], start=1):
             yield Row(path, number, data)
