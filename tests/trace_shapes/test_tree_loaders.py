@@ -7,8 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
+from loadgen.core.runner import RunKey, run_simulated
 from loadgen.core.spec import SpecError, parse_spec
 from tests.conftest import make_spec_dict
 from trace_shapes import FORK, SPAWN, LoaderOptions, TraceFormatError, load_trees
@@ -222,19 +224,22 @@ def test_shapes_describe_names_a_malformed_tree_file_and_exits_2(tmp_path):
     assert "the session has 1 calls, got 4" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def _spec(path, format, **extra):
-    data = make_spec_dict()
-    data["workload"]["sessions"] = {"kind": "trace_file", "path": str(path), "format": format, **extra}
+def _spec(path, format, **overrides):
+    data = make_spec_dict(**overrides)
+    data["workload"]["sessions"] = {"kind": "trace_file", "path": str(path), "format": format}
     return parse_spec(data)
 
 
-def test_a_spec_refuses_trees_it_cannot_run_and_takes_linear_sessions(tmp_path):
+def test_a_spec_refuses_trees_it_cannot_run_and_runs_linear_sessions(tmp_path):
     with pytest.raises(SpecError, match="trees are not yet runnable"):
         _spec(TREES / "tree.jsonl", "tree")
     linear = tmp_path / "linear.jsonl"
     linear.write_text('{"calls": [[500, 20, null], [600, 30, 1.5]]}\n{"calls": [[400, 10, null]]}\n')
-    spec = _spec(linear, "tree")
-    assert spec.workload.sessions.format == "tree"
+    spec = _spec(linear, "tree", duration_s=300)
+    info = run_simulated(spec, RunKey("base", 1), tmp_path / "out")
+    assert info["status"] == "completed"
+    turns = pq.read_table(tmp_path / "out" / "runs" / "base-s1" / "turns.parquet").to_pylist()
+    assert turns and {t["prompt_tokens"] for t in turns} <= {500, 600, 400}
 
 
 def test_loadgen_validate_exits_2_on_a_spec_with_trees(tmp_path):
