@@ -8,7 +8,8 @@ conversation it generates has:
 * the main chain: ``turns`` turns of ``prompt_tokens`` new tokens each (``first_prompt_tokens`` /
   ``first_output_tokens`` for turn 0), ``output_tokens`` generated, the history accumulating
   (GuideLLM's ``full`` edges); a prefix of ``prefix_tokens`` (``prefix_count`` 1) starts the first
-  prompt and is shared by every conversation of the config; ``delay`` (s) before each main turn;
+  prompt and is shared by every conversation of the config; ``delay`` (s, GuideLLM's requeue delay
+  of a main turn) before the next main turn and before the first turn of a branch it spawns;
 * a branch ``{at_turn, turns, merge_after (1), first_prompt_tokens, first_output_tokens}`` spawns
   after main turn ``at_turn`` with a fresh context (a ``new`` edge), runs its turns with the main
   sizes, and merges into main turn ``at_turn + merge_after``, which waits for every branch merging
@@ -111,7 +112,10 @@ def _config_tree(row: Row, name: str, options: LoaderOptions) -> RecordedTree:
     for (_, merge), children in merges.items():
         appended[merge] += sum(last for _, last in children)
     root = _chain(row, name, sizes, (delay,) * (num_turns - 1), prefix, appended)
-    branches = tuple(Branch(after, SPAWN, tuple(Child(child, 0.0) for child, _ in children), join_turn=merge)
+    # GuideLLM holds a node back by the requeue delay of the parent that unlocks it: a branch's first
+    # turn starts `delay` after main turn at_turn; a merge turn waits `delay` only when the main turn
+    # before it ends after the branches (read here as `delay` after the later of them)
+    branches = tuple(Branch(after, SPAWN, tuple(Child(child, delay) for child, _ in children), join_turn=merge)
                      for (after, merge), children in sorted(merges.items()))
     return row.checked("branches", lambda: Tree(root.node, branches))
 

@@ -174,6 +174,7 @@ def test_guidellm_branches_spawn_fresh_and_merge_their_last_turn_later():
     first, second = tree.branches
     assert (first.after_turn, first.join_turn, len(first.children)) == (1, 3, 2)
     assert (second.after_turn, second.join_turn) == (3, 4)
+    assert [c.start_delay_s for c in first.children] == [2.0, 2.0]  # the spawning main turn's delay
     assert first.children[0].tree.node.prompt_tokens == (100, 220)  # a fresh context, no prefix
     assert first.children[1].tree.node.prompt_tokens == (300,)  # first_prompt_tokens
 
