@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from loadgen.core.spec import SpecError, TraceFileSessionSpec, load_spec, parse_spec
-from trace_shapes import FORMATS
+from trace_shapes import FORMATS, TREE_FORMATS
 from tests.conftest import make_spec_dict
 
 FIXTURES = Path(__file__).parent / "trace_shapes" / "fixtures"
@@ -38,7 +38,7 @@ def test_defaults_of_each_kind():
 
 
 def test_the_spec_offers_every_loader_format():
-    assert set(get_args(TraceFileSessionSpec.model_fields["format"].annotation)) == set(FORMATS)
+    assert set(get_args(TraceFileSessionSpec.model_fields["format"].annotation)) == set(FORMATS) | set(TREE_FORMATS)
 
 
 def test_missing_file_and_unknown_format_name_their_fields():

@@ -83,21 +83,7 @@ def format_description(description: dict[str, Any], notes: Optional[Sequence[str
     models = ", ".join(f"{m} {n}" for m, n in rec["models"].items())
     lines = [f"{description['name']}: {rec['num_sessions']} sessions ({models})"]
     lines += [f"  note: {note}" for note in notes or ()]
-    lines += [
-        "recorded:",
-        _row("calls per session", rec["calls_per_session"]),
-        _row("initial context (tokens)", rec["initial_context_tokens"]),
-        _row("per-call context (tokens)", rec["per_call_context_tokens"]),
-        _row("session max context", rec["session_max_context_tokens"]),
-        _row("output per call (tokens)", rec["output_tokens_per_call"]),
-        _row("growth per turn (tokens)", rec["growth_per_turn_tokens"]),
-        _row("appended beyond output", rec["appended_per_turn_tokens"]),
-        _row("gaps", rec["gap_s"], unit="s"),
-    ]
-    num_gaps = rec["gap_s"].get("n", 0) + rec["num_gaps_missing"]
-    lines.append(f"  gaps recorded: {_share(rec['gap_s'].get('n', 0), num_gaps)}")
-    for limit, share in rec["share_of_sessions_over"].items():
-        lines.append(f"  sessions over {int(limit):,} tokens: {100 * share:.1f}%")
+    lines += ["recorded:", *recorded_lines(rec)]
     lines += [
         f"  shrinking turns (next prompt < prompt + output): "
         f"{_share(rep['num_shrinking_turns'], rep['num_recorded_turns'])}",
@@ -112,3 +98,22 @@ def format_description(description: dict[str, Any], notes: Optional[Sequence[str
         f"  gaps the fallback fills: {_share(rep['num_kept_gaps_missing'], rep['num_kept_turns'])}",
     ]
     return "\n".join(lines)
+
+
+def recorded_lines(rec: dict[str, Any]) -> list[str]:
+    """The recorded section's rows (calls, contexts, outputs, growth, gaps, long sessions)."""
+    lines = [
+        _row("calls per session", rec["calls_per_session"]),
+        _row("initial context (tokens)", rec["initial_context_tokens"]),
+        _row("per-call context (tokens)", rec["per_call_context_tokens"]),
+        _row("session max context", rec["session_max_context_tokens"]),
+        _row("output per call (tokens)", rec["output_tokens_per_call"]),
+        _row("growth per turn (tokens)", rec["growth_per_turn_tokens"]),
+        _row("appended beyond output", rec["appended_per_turn_tokens"]),
+        _row("gaps", rec["gap_s"], unit="s"),
+    ]
+    num_gaps = rec["gap_s"].get("n", 0) + rec["num_gaps_missing"]
+    lines.append(f"  gaps recorded: {_share(rec['gap_s'].get('n', 0), num_gaps)}")
+    for limit, share in rec["share_of_sessions_over"].items():
+        lines.append(f"  sessions over {int(limit):,} tokens: {100 * share:.1f}%")
+    return lines

@@ -62,6 +62,7 @@ from .calls import read_calls
 from .mooncake import read_mooncake
 from .records import RecordedSession
 from .rows import FileRows, LoaderOptions, Row, RowSource, TraceFormatError
+from .tree_loaders import TREE_FORMATS
 
 SWEBENCH_FILE = "swebench_agent_shapes.jsonl"
 INPUT_EVENT_TYPES = frozenset({"tool_result", "user_message"})
@@ -289,7 +290,8 @@ def load_rows(rows: RowSource, format: str, options: Optional[LoaderOptions] = N
     try:
         reader = FORMATS[format]
     except KeyError:
-        raise ValueError(f"unknown trace format {format!r}; formats: {sorted(FORMATS)}") from None
+        hint = " (a session-tree format: load_trees reads it)" if format in TREE_FORMATS else ""
+        raise ValueError(f"unknown trace format {format!r}{hint}; formats: {sorted(FORMATS)}") from None
     sessions, num_rows, notes = reader(rows, options or LoaderOptions())
     if not sessions:
         raise TraceFormatError(rows.name, f"no sessions in {num_rows} rows")

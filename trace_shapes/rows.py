@@ -55,6 +55,16 @@ class Row:
                 field = f"{field} (column {column!r})"
         return TraceFormatError(self.path, problem, self.row_number, field)
 
+    def checked(self, field: str, make: Callable[[], Any]) -> Any:
+        """``make()``, a ValueError it raises (a session or tree that does not hold together) named
+        at ``field`` of this row."""
+        try:
+            return make()
+        except TraceFormatError:
+            raise
+        except ValueError as exc:
+            raise self.error(field, str(exc)) from None
+
     def require(self, obj: dict, key: str, field: str) -> Any:
         value = obj.get(key)
         if value is None:
@@ -166,6 +176,32 @@ class FileRows(RowSource):
                     yield Row(path, number, data)
         except (OSError, UnicodeDecodeError, EOFError) as exc:
             raise TraceFormatError(path, f"cannot read as {'gzip ' if opener is gzip.open else ''}JSONL ({exc})") from None
+
+
+class JsonDocumentRows(FileRows):
+    """A file (or ``.gz``) holding one JSON document, an object (row 1) or a list of objects (row =
+    the element's number), as some formats ship one trace a file; or else JSONL, one row a line."""
+
+    def __iter__(self) -> Iterator[Row]:
+        path = self.path
+        if not path.is_file():
+            raise TraceFormatError(path, "no such file")
+        opener: Callable[..., Any] = gzip.open if path.suffix == ".gz" else open
+        try:
+            with opener(path, "rt", encoding="utf-8") as stream:
+                text = stream.read()
+        except (OSError, UnicodeDecodeError, EOFError) as exc:
+            raise TraceFormatError(path, f"cannot read ({exc})") from None
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as exc:
+            if exc.msg != "Extra data":  # not JSONL either: say where the document breaks
+                raise TraceFormatError(path, f"not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})",
+                                       exc.lineno) from None
+            yield from super().__iter__()
+            return
+        for number, data in enumerate(document if isinstance(document, list) else [document], start=1):
+            yield Row(path, number, data)
 
 
 def _parquet_rows(path: Path) -> Iterator[Row]:

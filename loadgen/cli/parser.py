@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from trace_shapes import FORMATS
+from trace_shapes import FORMATS, TREE_FORMATS, TREE_PRESETS
 
 from ..version import __version__
 
@@ -153,9 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
         "describe", help="calls per session, context and gap percentiles, growth per turn, share of long sessions")
     describe.add_argument("source", help=f"a trace file (JSONL, .gz, Parquet), a Hugging Face dataset (hf:ORG/NAME "
                                          f"from the local cache, or a local dataset directory) or a name: "
-                                         f"{', '.join(SHAPE_NAMES)}")
-    describe.add_argument("--format", default=None, choices=sorted(FORMATS),
-                          help="the rows' format (default: shapes, the shipped format, for a file; calls for a dataset)")
+                                         f"{', '.join(SHAPE_NAMES)}; or a session-tree preset: "
+                                         f"{', '.join(TREE_PRESETS)}")
+    describe.add_argument("--format", default=None, choices=sorted(FORMATS) + sorted(TREE_FORMATS),
+                          help="the rows' format (default: shapes, the shipped format, for a file; calls for a dataset); "
+                               f"{', '.join(sorted(TREE_FORMATS))} read session trees")
     describe.add_argument("--split", default="train", help="Hugging Face dataset: the split (default train)")
     describe.add_argument("--config", default=None, help="Hugging Face dataset: the configuration name")
     describe.add_argument("--column", action="append", metavar="FIELD=COLUMN",
@@ -169,8 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="engine limit for the replay section (default 38000)")
     describe.add_argument("--over", type=int, action="append",
                           help="report the share of sessions whose context exceeds this (repeatable; default 38000)")
-    describe.add_argument("--num-sessions", type=int, default=2000, help="tracelab-synthetic: sessions to generate")
-    describe.add_argument("--seed", type=int, default=0, help="tracelab-synthetic: generator seed")
+    describe.add_argument("--num-sessions", type=int, default=2000,
+                          help="tracelab-synthetic: sessions to generate; a tree preset: trees to draw")
+    describe.add_argument("--seed", type=int, default=0, help="tracelab-synthetic, tree presets: generator seed")
     describe.add_argument("--json", action="store_true", help="print the numbers as JSON")
     describe.set_defaults(func=_cmd_shapes)
     return parser

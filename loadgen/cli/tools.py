@@ -7,6 +7,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from trace_shapes import TREE_PRESETS
+
 from ..core.spec import SpecError, load_spec, parse_seeds
 from .runs import _cost_model_arg, _endpoint_url
 
@@ -165,8 +167,8 @@ def _cmd_shapes(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from trace_shapes import (LoaderOptions, TraceLabLikeSessions, describe_sessions, format_description, load_hf,
-                              load_swebench, load_trace, select_models)
+    from trace_shapes import (TREE_FORMATS, LoaderOptions, TraceLabLikeSessions, describe_sessions, format_description,
+                              load_hf, load_swebench, load_trace, select_models)
 
     for flag, values in (("--truncate-at", [args.truncate_at]), ("--over", args.over or []),
                          ("--num-sessions", [args.num_sessions]), ("--block-tokens", [args.block_tokens]),
@@ -175,6 +177,8 @@ def _cmd_shapes(args: argparse.Namespace) -> int:
             if value <= 0:
                 raise SpecError(f"{flag} must be a positive number of {'sessions' if flag == '--num-sessions' else 'tokens'}, "
                                 f"got {value}")
+    if args.source in TREE_PRESETS or args.format in TREE_FORMATS:
+        return _describe_trees(args)
     try:
         if args.source == "swebench":
             trace = load_swebench()
@@ -199,6 +203,38 @@ def _cmd_shapes(args: argparse.Namespace) -> int:
         raise SpecError(f"{exc}{hint}") from None
     description = describe_sessions(sessions, args.truncate_at, args.over or [38_000], name=args.source)
     print(json.dumps(description, indent=1) if args.json else format_description(description, notes))
+    return 0
+
+def _describe_trees(args: argparse.Namespace) -> int:
+    """``shapes describe`` of session trees: a tree format's file, or a synthetic tree preset."""
+    import json
+
+    import numpy as np
+
+    from trace_shapes import LoaderOptions, load_trees, tree_preset
+    from trace_shapes.describe_trees import describe_trees, format_tree_description
+
+    try:
+        if args.source in TREE_PRESETS:
+            if args.format is not None:
+                raise SpecError(f"--format reads a file; {args.source} is a synthetic tree preset")
+            # tree i draws from its own stream: the same seed gives the same trees, whatever their number
+            model, streams = tree_preset(args.source), np.random.SeedSequence(args.seed).spawn(args.num_sessions)
+            trees = [model.make(np.random.default_rng(stream)).as_recorded(f"{args.source}-{i}")
+                     for i, stream in enumerate(streams)]
+            notes = [f"{args.num_sessions} trees drawn from the {args.source} preset, seed {args.seed}"]
+        else:
+            options = LoaderOptions(args.tokenizer, args.default_output_tokens, args.block_tokens)
+            loaded = load_trees(args.source, args.format, options)
+            trees, notes = list(loaded.trees), list(loaded.notes)
+        if args.model:
+            trees = [t for t in trees if t.node.model in args.model]
+            if not trees:
+                raise ValueError(f"no trees whose root is of model(s) {args.model}")
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    description = describe_trees(trees, args.truncate_at, args.over or [38_000], name=args.source)
+    print(json.dumps(description, indent=1) if args.json else format_tree_description(description, notes))
     return 0
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:

@@ -9,9 +9,9 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from trace_shapes import (EmpiricalGaps, ExponentialGaps, GapFallback, GeneratedReplay, LoadedTrace, LoaderOptions,
-                          ReplayOptions, TraceLabLikeSessions, TraceReplay, build_replay, load_hf, load_swebench,
-                          load_trace, select_models)
+from trace_shapes import (TREE_FORMATS, EmpiricalGaps, ExponentialGaps, GapFallback, GeneratedReplay, LoadedTrace,
+                          LoadedTrees, LoaderOptions, ReplayOptions, TraceLabLikeSessions, TraceReplay, build_replay,
+                          load_hf, load_swebench, load_trace, load_trees, select_models)
 
 from .base import _Model
 
@@ -108,12 +108,15 @@ class TraceFileSessionSpec(_ReplaySessionSpec):
     kind: Literal["trace_file"] = "trace_file"
     path: str = Field(..., description="Local JSONL, gzip JSONL (.gz) or Parquet (.parquet) file; a relative path "
                                        "is relative to the spec's directory.")
-    format: Literal["shapes", "tracelab", "copilot", "bailian", "mooncake", "aiperf", "calls"] = Field(
+    format: Literal["shapes", "tracelab", "copilot", "bailian", "mooncake", "aiperf", "calls",
+                    "dag_jsonl", "weka", "guidellm", "tree"] = Field(
         ..., description="shapes: one session a row, calls [[prompt, completion, gap_s], ...]; tracelab: one "
                          "round a row; copilot: GitHub Copilot coding-agent sessions; bailian: Qwen Bailian "
                          "requests chained by parent_chat_id; mooncake: requests with 512-token block hashes; "
                          "aiperf: AIPerf multi-turn inputs; calls: one call a row, generic "
-                         "(trace_shapes/loaders.py).")
+                         "(trace_shapes/loaders.py). Session trees (trace_shapes/tree_loaders.py): dag_jsonl "
+                         "(AIPerf), weka (sub-agent records), guidellm (branches), tree (generic); a file whose "
+                         "sessions branch is refused (trees are not yet runnable), one of linear sessions runs.")
     system_prompt_tokens: int = Field(
         0, ge=0, description="Tokens of every session's initial context shared by all sessions (the system "
                              "prompt), for sessions whose trace does not record what they share (mooncake and "
@@ -254,7 +257,21 @@ def _cached_swebench() -> LoadedTrace:
 @functools.lru_cache(maxsize=4)
 def _cached_trace(path: str, format: str, mtime_ns: int, size: int, options: LoaderOptions) -> LoadedTrace:
     # mtime and size are part of the key so that an edited file is read again
+    if format in TREE_FORMATS:
+        return _linear_trees(load_trees(path, format, options))
     return load_trace(path, format, options)
+
+
+def _linear_trees(loaded: LoadedTrees) -> LoadedTrace:
+    """The sessions of a tree-format file whose sessions are all linear; a file with trees is refused
+    rather than flattened (the runner replays linear sessions only)."""
+    num_branching = loaded.num_branching()
+    if num_branching:
+        raise ValueError(f"format {loaded.format}: {num_branching} of the {len(loaded.trees)} sessions in "
+                         f"{loaded.path} are trees (sub-agents, forks or parallel calls), and trees are not yet "
+                         f"runnable: the runner replays linear sessions only, and flattening a tree would change "
+                         f"its load (`loadgen shapes describe {loaded.path} --format {loaded.format}` shows them)")
+    return LoadedTrace(loaded.path, loaded.format, tuple(t.node for t in loaded.trees), loaded.num_rows, loaded.notes)
 
 
 @functools.lru_cache(maxsize=4)
