@@ -55,6 +55,10 @@ class Router:
         random picks are reproducible per run)."""
         self.num_replicas = num_replicas
         self.rng = random.Random(seed)
+        self.reset(num_replicas)
+
+    def reset(self, num_replicas: int) -> None:
+        """A stateful router's fresh state for ``num_replicas`` replicas."""
 
     def route(self, request: RouteRequest, replicas: Sequence[ReplicaView], now_s: float) -> int:
         raise NotImplementedError

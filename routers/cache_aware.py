@@ -47,8 +47,10 @@ class CacheAware(Router):
             raise ValueError("max_tree_size must be >= 1 and eviction_interval_secs >= 0")
         # the KV triggers need the engines' gauges (smg reads them from its worker monitor)
         self.reads_engine = self.balance_token_usage_threshold < 1.0 or self.overload_token_usage_threshold < 1.0
-        self.tree = None
-        self._processed: list[int] = []
+
+    def reset(self, num_replicas: int) -> None:
+        self.tree = StreamPrefixIndex(num_replicas)
+        self._processed = [0] * num_replicas
         self._last_eviction_s = 0.0
 
     def imbalanced(self, replicas: Sequence[ReplicaView]) -> bool:
@@ -62,10 +64,6 @@ class CacheAware(Router):
         return high - low > self.balance_abs_threshold and high > low * self.balance_rel_threshold
 
     def route(self, request: RouteRequest, replicas: Sequence[ReplicaView], now_s: float) -> int:
-        if self.tree is None:
-            self.tree = StreamPrefixIndex(len(replicas))
-            self._processed = [0] * len(replicas)
-            self._last_eviction_s = now_s
         if self.eviction_interval_secs and now_s - self._last_eviction_s >= self.eviction_interval_secs:
             for i in range(len(replicas)):
                 self.tree.evict_to_size(i, self.max_tree_size)

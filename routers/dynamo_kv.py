@@ -39,16 +39,15 @@ class DynamoKv(Router):
             raise ValueError("overlap_score_weight and router_temperature must be >= 0")
         if self.block_size < 1 or self.ttl_secs <= 0:
             raise ValueError("block_size must be >= 1 and ttl_secs > 0")
-        self.index = None
-        self._active_blocks: list[int] = []
+
+    def reset(self, num_replicas: int) -> None:
+        self.index = StreamPrefixIndex(num_replicas)
+        self._active_blocks = [0] * num_replicas
 
     def blocks(self, tokens: int) -> int:
         return math.ceil(tokens / self.block_size)
 
     def costs(self, request: RouteRequest, replicas: Sequence[ReplicaView], now_s: float) -> list[float]:
-        if self.index is None:
-            self.index = StreamPrefixIndex(len(replicas))
-            self._active_blocks = [0] * len(replicas)
         self.index.expire(now_s - self.ttl_secs)
         request_blocks = self.blocks(request.prompt_tokens)
         costs = []

@@ -53,11 +53,11 @@ class ConsistentHash(Router):
     def __post_init__(self) -> None:
         if self.virtual_nodes < 1:
             raise ValueError("virtual_nodes must be >= 1")
-        self._ring = None
+
+    def reset(self, num_replicas: int) -> None:
+        self._ring = HashRing(num_replicas, self.virtual_nodes)
 
     def route(self, request: RouteRequest, replicas: Sequence[ReplicaView], now_s: float) -> int:
-        if self._ring is None:
-            self._ring = HashRing(len(replicas), self.virtual_nodes)
         return next(self._ring.walk(request.session_key))
 
 
@@ -77,8 +77,6 @@ class BoundedHash(ConsistentHash):
         return math.ceil(self.load_factor * (total + 1) / len(replicas))
 
     def route(self, request: RouteRequest, replicas: Sequence[ReplicaView], now_s: float) -> int:
-        if self._ring is None:
-            self._ring = HashRing(len(replicas), self.virtual_nodes)
         cap = self.capacity(replicas)
         for index in self._ring.walk(request.session_key):
             if replicas[index].outstanding < cap:

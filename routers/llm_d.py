@@ -32,11 +32,11 @@ class LlmD(Router):
             raise ValueError("scorer weights must be >= 0")
         if min(self.block_size_tokens, self.max_prefix_blocks_to_match, self.lru_capacity_per_server) < 1:
             raise ValueError("block_size_tokens, max_prefix_blocks_to_match and lru_capacity_per_server must be >= 1")
-        self.index = None
+
+    def reset(self, num_replicas: int) -> None:
+        self.index = StreamPrefixIndex(num_replicas)
 
     def scores(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> list[float]:
-        if self.index is None:
-            self.index = StreamPrefixIndex(len(replicas))
         return weighted_sum([
             (self.queue_weight, queue_scores(replicas)),
             (self.kv_utilization_weight, kv_utilization_scores(replicas)),

@@ -16,7 +16,7 @@ from .base import ReplicaView, RouteRequest, Router, least_outstanding
 class RoundRobin(Router):
     name = "round_robin"
 
-    def __post_init__(self) -> None:
+    def reset(self, num_replicas: int) -> None:
         self._next = 0
 
     def route(self, request: RouteRequest, replicas: Sequence[ReplicaView], now_s: float) -> int:
