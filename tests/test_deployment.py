@@ -192,7 +192,7 @@ def _max_in_flight(turns, replica):
 
 def test_controller_scope_replica_gates_each_replica_on_its_own_pool(tmp_path):
     workload = {**make_spec_dict()["workload"], "arrival_rate_per_s": 0.2}
-    spec = deployment_spec({"policy": "consistent_hash"}, replicas=2, pool_tokens=40_000, workload=workload,
+    spec = deployment_spec({"policy": "round_robin"}, replicas=2, pool_tokens=40_000, workload=workload,
                            controller={"name": "session-cap", "params": {"k": 2, "k_hi": 2}, "scope": "replica"})
     run_simulated(spec, RunKey("burst", 1), tmp_path)
     samples = pq.read_table(tmp_path / "runs" / "burst-s1" / "samples.parquet")

@@ -169,6 +169,11 @@ def test_dynamo_kv_cost_is_uncached_prefill_plus_active_decode_blocks():
     assert r.route(nxt, views(0, 0), 3.0) == 0
     # the approximate index forgets after ttl_secs (120 s): no overlap left anywhere
     assert r.costs(nxt, views(0, 0), 130.0) == [400, 400]
+    # the overlap weight scales the prefill term only: 2 x 100 + 200 vs 2 x 200 + 200
+    heavy = started("dynamo_kv", 2, overlap_score_weight=2.0)
+    send(heavy, 0, a, 0.0)
+    heavy.finished(0, a, 1.0)
+    assert heavy.costs(nxt, views(0, 0), 2.0) == [400, 600]
 
 
 def test_unknown_router_and_knob_name_the_valid_ones():
