@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     map_.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"seeds at every point (default {DEFAULT_SEEDS})")
     map_.add_argument("--controllers", default=DEFAULT_CONTROLLERS,
                       help=f"controllers, each from the start of the run (default {DEFAULT_CONTROLLERS})")
+    map_.add_argument("--routers", help="routers of a deployment spec (engine.replicas > 1), e.g. "
+                                        "consistent_hash,cache_aware: each controller with each router")
     map_.add_argument("--horizon-h", type=float, default=DEFAULT_HORIZON_H,
                       help=f"escape-time runs: hours per run, 0 to skip (default {DEFAULT_HORIZON_H:g})")
     map_.add_argument("--max-escape-rates", type=int, default=DEFAULT_MAX_ESCAPE_RATES,

@@ -18,7 +18,7 @@ def _cmd_map(args: argparse.Namespace) -> int:
 
     from ..core.clock import epoch_s
     from ..map.bounds import spec_bounds
-    from ..map.grid import MapGrid, map_job, parse_controllers, parse_values
+    from ..map.grid import MapGrid, map_job, parse_controllers, parse_values, with_routers
     from ..map.report import summarize_map, write_map
     from ..map.run import process_pool, run_map
 
@@ -28,7 +28,10 @@ def _cmd_map(args: argparse.Namespace) -> int:
         grid = MapGrid(
             rates_per_s=tuple(parse_values(args.rates, "--rates", 0.0, allow_minimum=False)),
             trigger_factors=tuple(parse_values(args.trigger_factors, "--trigger-factors", 0.0)),
-            seeds=tuple(parse_seeds(args.seeds)), controllers=parse_controllers(args.controllers),
+            seeds=tuple(parse_seeds(args.seeds)),
+            controllers=with_routers(parse_controllers(args.controllers),
+                                     parse_controllers(args.routers, "--routers", "consistent_hash,cache_aware")
+                                     if args.routers else (), spec),
             horizon_s=args.horizon_h * 3600, bisect_steps=args.bisect_steps, max_escape_rates=args.max_escape_rates)
         job = map_job(spec, spec_dir, grid.trigger_factors)
         bounds = spec_bounds(spec, spec.engine.load_cost_model(spec_dir))
