@@ -22,6 +22,7 @@ from .deployment import DeploymentClient
 from .engines import SimEngineClient
 from .gateway import Gateway
 from .recording import RunRecorder, merge_parts, write_json_atomic
+from .program_gate import ProgramGate, UsageTap
 from .replica_gates import ReplicaGates
 from .session import RunEnv, run_session
 from .spec import ExperimentSpec, FlushTrigger, SimEngineSpec
@@ -108,11 +109,16 @@ def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir:
     clock = VirtualClock()
     engine = make_engine(clock, engine_spec, key, spec_dir)
     plans = plan_sessions(spec, arm, key.seed)
-    if ctl.scope == "replica":  # a gate per replica, asked after routing
+    policy = make_policy(ctl.name, **ctl.params)
+    if getattr(policy, "needs_program_table", False):  # thunderagent: a program table, a periodic schedule
+        replicas = getattr(engine, "replicas", [engine])
+        gateway = ProgramGate(clock, policy, [r.pool_tokens for r in replicas], ctl.start_s)
+        engine = UsageTap(engine, gateway)
+    elif ctl.scope == "replica":  # a gate per replica, asked after routing
         gateway = ReplicaGates(clock, engine, [make_policy(ctl.name, **ctl.params) for _ in engine.replicas],
                                ctl.start_s, plans)
     else:
-        gateway = Gateway(clock, make_policy(ctl.name, **ctl.params), engine.pool_tokens, ctl.start_s)
+        gateway = Gateway(clock, policy, engine.pool_tokens, ctl.start_s)
     env = RunEnv(clock, engine, gateway, recorder)
 
     for plan in plans:

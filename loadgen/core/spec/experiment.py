@@ -160,6 +160,10 @@ class ExperimentSpec(_Model):
             if ctl.start_s > self.duration_s:
                 raise ValueError(f"arms[{i}].controller.start_s={ctl.start_s:g} is after the run ends")
             engine = self._engine_or_none(arm)
+            if ctl.name == "thunderagent" and (not isinstance(self.engine, SimEngineSpec) or ctl.scope != "deployment"):
+                where = f"arms[{i}].controller" if arm.controller is not None else "controller"
+                raise ValueError(f"{where}.name: thunderagent runs on the simulated engine (kind sim) with scope "
+                                 "deployment: it keeps its own table of every worker's programs")
             if ctl.scope == "replica" and engine is not None and getattr(engine, "replicas", 1) == 1:
                 where = f"arms[{i}].controller" if arm.controller is not None else "controller"
                 raise ValueError(f"{where}.scope: replica needs a deployment (engine.replicas > 1); one engine's "
