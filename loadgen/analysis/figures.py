@@ -21,6 +21,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from .recovery import cohort_completion_by_arrival  # noqa: E402
+from .replica_figures import replica_figures  # noqa: E402
 from .runs import RunData, load_run  # noqa: E402
 from .tables import table_arms  # noqa: E402
 from .windows import DEGRADED_HIT_RATIO, window_series  # noqa: E402
@@ -211,6 +212,7 @@ def write_figures(results_dir: str | os.PathLike, summary: Mapping[str, Any]) ->
         controller_figures.append(("mix-shift-scatter.png", figure_mix_shift_scatter(summary, colors)))
     if any(r.get("cold_work_drift_s_per_h") is not None for r in summary.get("runs", [])):
         controller_figures.append(("drain.png", figure_drain(summary, colors)))
+    controller_figures += replica_figures(runs_by_seed, colors)  # runs on a deployment (docs/deployments.md)
     for name, fig in controller_figures:
         fig.savefig(figures_dir / name, dpi=DPI)
         written.append(figures_dir / name)
