@@ -9,6 +9,8 @@ from trace_shapes import FORMATS
 from ..version import __version__
 
 from .runs import _cmd_report, _cmd_run, _cmd_sweep, _cmd_validate
+from routers import ROUTERS
+
 from .tools import SHAPE_NAMES, _cmd_calibrate, _cmd_compare, _cmd_cost_fit, _cmd_map, _cmd_serve_sim, _cmd_shapes
 
 
@@ -106,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="serve no /v1/completions (an endpoint that speaks only the chat API)")
     serve.add_argument("--schedule-policy", choices=("fcfs", "lpm"), default="fcfs",
                        help="SGLang's --schedule-policy (flavor sglang)")
+    # added with deployments (docs/deployments.md#serve-sim-deployments)
+    serve.add_argument("--replicas", type=int, default=1,
+                       help="serve N engines behind a router at one URL (each also at /replica/<i>)")
+    serve.add_argument("--router", help="the router of --replicas N (default round_robin): " + ", ".join(ROUTERS))
+    serve.add_argument("--session-header", default="X-Session-ID", help="the header the router reads a session from")
     serve.set_defaults(func=_cmd_serve_sim)
 
     report = sub.add_parser("report", help="rebuild summary.json, print the paired table, write figures")

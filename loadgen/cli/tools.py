@@ -140,13 +140,30 @@ def _cmd_serve_sim(args: argparse.Namespace) -> int:
             tokenizer = LocalTokenizer(args.tokenizer)
         except TokenizerError as exc:
             raise SpecError(f"--tokenizer: {exc}") from None
-    server = SimServer(config, cost, time_scale=args.time_scale, model=args.model, tokenizer=tokenizer,
-                       chat_only=args.chat_only)
+    if args.replicas < 1:
+        raise SpecError(f"--replicas {args.replicas}: must be >= 1")
+    if args.router is not None and args.replicas == 1:
+        raise SpecError("--router needs --replicas N > 1 (one engine has nothing to route between)")
+    servers = [SimServer(config, cost, time_scale=args.time_scale, model=args.model, tokenizer=tokenizer,
+                         chat_only=args.chat_only, seed=i) for i in range(args.replicas)]
+    server = servers[0]
+    listen = serve
+    if args.replicas > 1:
+        from routers import make_router
+
+        from ..live.serve_deployment import DeploymentServer, serve_deployment
+        try:
+            router = make_router(args.router or "round_robin")
+        except ValueError as exc:
+            raise SpecError(f"--router: {exc}") from None
+        server, listen = DeploymentServer(servers, router, session_header=args.session_header), serve_deployment
 
     async def main() -> None:
-        await serve(server, args.host, args.port)
+        await listen(server, args.host, args.port)
+        replicas = (f", {args.replicas} replicas behind {args.router or 'round_robin'} "
+                    f"(each at /replica/<i>)" if args.replicas > 1 else "")
         print(f"serve-sim: http://{args.host}:{args.port} ({args.flavor}, model {args.model!r}, "
-              f"pool {config.pool_tokens} tokens, cost {cost.name}, time x{args.time_scale:g})", flush=True)
+              f"pool {config.pool_tokens} tokens, cost {cost.name}, time x{args.time_scale:g}{replicas})", flush=True)
         await asyncio.Event().wait()
 
     try:
