@@ -202,6 +202,9 @@ class OpenAIEngineSpec(_Model):
     session_header: Optional[str] = Field(None, description=(
         "An HTTP header carrying each session's id (RUN_ID/SESSION_ID, the same on every turn), e.g. "
         "X-Session-ID, so a router (llm-d, SGLang router, Dynamo) keeps a session on one replica."))
+    replica_header: Optional[str] = Field(None, description=(
+        "A response header the router sets naming the replica that served a request (serve-sim --replicas: "
+        "X-Loadgen-Replica): recorded per turn in turns.parquet replica (docs/deployments.md#serve-sim-deployments)."))
     metrics_urls: Optional[list[str]] = Field(None, description=(
         "The base URLs of the replicas behind url (a router): /metrics is scraped from each and summed into "
         "samples.parquet (each replica's in replica_samples.parquet), their pools summed into C, and "
@@ -212,7 +215,7 @@ class OpenAIEngineSpec(_Model):
     def _base_url(cls, value: Any) -> Any:
         return normalize_endpoint_url(value) if isinstance(value, str) else value
 
-    @field_validator("session_header")
+    @field_validator("session_header", "replica_header")
     @classmethod
     def _header_name(cls, value: Optional[str]) -> Optional[str]:
         if value is not None and not _HTTP_TOKEN.fullmatch(value):
