@@ -11,7 +11,7 @@ defaults: overlap weight 1.0, temperature 0.0.
 What it knows of the workers' caches: Dynamo's default reads the engines' KV events (exact
 stored/removed blocks). This simulator does not expose the engines' caches to routers, so
 ``dynamo_kv`` runs as Dynamo's ``--no-kv-events`` mode: an approximate index of what it routed,
-entries expiring after ``ttl_secs`` (120 s as shipped). It believes a prefix is cached where it
+entries expiring after ``ttl_secs`` (120 s as shipped; pruned once a second). It believes a prefix is cached where it
 sent it until the TTL, even where the engine evicted it.
 """
 
@@ -23,6 +23,9 @@ from typing import Sequence
 
 from .base import ReplicaView, RouteRequest, Router
 from .prefix_index import StreamPrefixIndex
+
+
+PRUNE_INTERVAL_S = 1.0  # expired entries are dropped at most this often (an entry lives ttl to ttl + 1 s)
 
 
 @dataclass
@@ -43,12 +46,15 @@ class DynamoKv(Router):
     def reset(self, num_replicas: int) -> None:
         self.index = StreamPrefixIndex(num_replicas)
         self._active_blocks = [0] * num_replicas
+        self._pruned_s = -math.inf
 
     def blocks(self, tokens: int) -> int:
         return math.ceil(tokens / self.block_size)
 
     def costs(self, request: RouteRequest, replicas: Sequence[ReplicaView], now_s: float) -> list[float]:
-        self.index.expire(now_s - self.ttl_secs)
+        if now_s - self._pruned_s >= PRUNE_INTERVAL_S:  # as Dynamo's indexer, pruned on a timer
+            self.index.expire(now_s - self.ttl_secs)
+            self._pruned_s = now_s
         request_blocks = self.blocks(request.prompt_tokens)
         costs = []
         for r in replicas:
