@@ -6,6 +6,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -21,8 +22,9 @@ from loadgen.core.gateway import Gateway
 from loadgen.core.recording import RunRecorder
 from loadgen.core.runner import RunKey, engine_config, run_simulated, simulate, _start_session
 from loadgen.core.session import RunEnv
-from loadgen.core.spec import parse_spec
+from loadgen.core.spec import load_spec, parse_spec
 from loadgen.core.workload import plan_sessions
+from routers import ROUTERS
 from tests.conftest import make_spec_dict
 
 
@@ -227,3 +229,19 @@ def test_bad_deployment_specs_are_refused_naming_the_field(tmp_path, engine, con
     assert "Traceback" not in proc.stderr
     assert expected in proc.stderr, proc.stderr
     assert not (tmp_path / "res").exists()
+
+
+def test_the_deployment_examples_cover_every_router_and_run(tmp_path):
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    paired = load_spec(examples / "deployment-paired.yaml")
+    assert paired.engine.replicas == 4 and paired.workload.arrival_rate_per_s == pytest.approx(4 * 0.035)
+    arms = {(paired.engine_for(a).router.policy, bool(a.triggers)) for a in paired.arms}
+    assert arms == {(r, burst) for r in ROUTERS for burst in (False, True)} and len(paired.arms) == 18
+    routers = load_spec(examples / "deployment-routers.yaml")
+    assert {routers.engine_for(a).router.policy for a in routers.arms} == set(ROUTERS)
+    assert {(routers.controller_for(a).name, routers.controller_for(a).scope) for a in routers.arms} == {
+        ("none", "deployment"), ("budgeter", "deployment"), ("budgeter", "replica")}
+    short = routers.model_copy(update={"duration_s": 1500.0})
+    for arm in ("cache-aware-budgeter-per-replica", "llm-d"):
+        info = run_simulated(short, RunKey(arm, 501), tmp_path)
+        assert info["status"] == "completed" and info["replicas"] == 4
