@@ -78,10 +78,8 @@ def run_simulated(spec: ExperimentSpec, key: RunKey, out_dir: Path, spec_dir: Op
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     engine_spec = spec.engine_for(spec.arm(key.arm))
-    # a deployment's: its replicas, router, and C as the sum of the replicas' pools
-    deployment = ({"replicas": engine_spec.replicas, "router": engine_spec.router.policy}
-                  if engine_spec.replicas > 1 else {})
-    info = run_info(spec, key, engine_spec.kind, engine_spec.pool_tokens * engine_spec.replicas, **deployment)
+    pool_tokens, deployment = sim_pool_and_deployment(engine_spec)
+    info = run_info(spec, key, engine_spec.kind, pool_tokens, **deployment)
     write_json_atomic(run_dir / "run.json", info)
     recorder = RunRecorder(run_dir, key.run_id, key.arm, key.seed, spec.recording.flush_interval_s,
                            replica_columns=engine_spec.replicas > 1)
@@ -174,10 +172,23 @@ def mark_interrupted(spec: ExperimentSpec, key: RunKey, out_dir: Path) -> dict:
         if run_dir.exists():
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True)
-        info = run_info(spec, key, spec.engine.kind, getattr(spec.engine, "pool_tokens", None))
+        engine = spec.engine_for(spec.arm(key.arm))
+        if isinstance(engine, SimEngineSpec):
+            pool_tokens, deployment = sim_pool_and_deployment(engine)
+            info = run_info(spec, key, engine.kind, pool_tokens, **deployment)
+        else:
+            info = run_info(spec, key, engine.kind, getattr(engine, "pool_tokens", None))
     info.update(status="interrupted", error=INTERRUPTED)
     write_json_atomic(run_dir / "run.json", info)
     return info
+
+
+def sim_pool_and_deployment(engine: SimEngineSpec) -> tuple:
+    """(C, run.json fields) of a simulated engine: a deployment's C is its replicas' pools together,
+    and its run.json names the replicas and router (one engine's run.json is as before)."""
+    if engine.replicas == 1:
+        return engine.pool_tokens, {}
+    return engine.pool_tokens * engine.replicas, {"replicas": engine.replicas, "router": engine.router.policy}
 
 
 def run_spec(spec: ExperimentSpec, key: RunKey) -> dict:
