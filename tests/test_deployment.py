@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from controllers import make_policy
+from loadgen.analysis.replicas import replica_lines
 from loadgen.analysis.summary import write_summary
 from loadgen.core.clock import VirtualClock
 from loadgen.core.deployment import MissLedger
@@ -129,6 +130,8 @@ def test_per_replica_records_sum_to_the_run_totals(tmp_path):
             by_time[t] = by_time.get(t, 0) + hits
         assert [by_time[t] for t in merged.column("t_s").to_pylist()] == merged.column("prefix_cache_hits_total").to_pylist()
         assert 1.0 <= rep["load_imbalance_mean"] <= 3.0
+    lines = replica_lines(summary, ["base", "burst"])
+    assert len(lines) == 3 and lines[1].startswith("  base: round_robin; ")
 
 
 def _turn(session, k, prompt, shared=0):

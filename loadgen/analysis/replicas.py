@@ -113,3 +113,32 @@ def imbalance_outcome(run_dir: Path, num_replicas: int) -> dict:
         "hottest_replica": top,
         "hottest_replica_share": json_float(counts[top] / len(hottest)) if top is not None else None,
     }
+
+
+def replica_lines(summary: dict, arms) -> list[str]:
+    """The report's lines for runs on a deployment (means over each arm's runs); [] for none."""
+    by_arm: dict[str, list[dict]] = {}
+    for run in summary.get("runs") or []:
+        if run.get("replicas"):
+            by_arm.setdefault(run["arm"], []).append(run["replicas"])
+    if not by_arm:
+        return []
+    lines = ["deployment, per arm (mean of runs): router; replicas persistently degraded; of the missed tokens, "
+             "routing / eviction; load imbalance (hottest / mean requests); hottest replica's share of samples"]
+    for arm in arms:
+        reps = by_arm.get(arm)
+        if not reps:
+            continue
+        missed = [max(r["deployment"]["prompt_tokens"] - r["deployment"]["cached_tokens"], 1) for r in reps]
+        lines.append(
+            f"  {arm}: {reps[0]['router']}; {_mean([sum(p['persistently_degraded'] for p in r['per_replica']) for r in reps]):.1f}"
+            f"/{reps[0]['num_replicas']} degraded; routing {_mean([r['deployment']['miss_routing_tokens'] / m for r, m in zip(reps, missed)]):.2f}"
+            f" / eviction {_mean([r['deployment']['miss_eviction_tokens'] / m for r, m in zip(reps, missed)]):.2f}; "
+            f"imbalance {_mean([r['load_imbalance_mean'] for r in reps]):.2f}; "
+            f"hottest {_mean([r['hottest_replica_share'] for r in reps]):.2f}")
+    return lines
+
+
+def _mean(values) -> float:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else float("nan")
