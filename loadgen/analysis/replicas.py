@@ -4,7 +4,8 @@ A run on a deployment (run.json ``replicas`` > 1) records the ``replica`` of eac
 attribution of its missed tokens (docs/deployments.md#records). Its summary entry gets:
 - per replica: turns, sessions (a session counts at the replica of its first turn), prompt and
   cached tokens, hit ratio, the missed tokens by cause (workload, routing, eviction), and
-  ``persistently_degraded`` over that replica's turns (docs/experiments.md#measurements);
+  ``persistently_degraded`` over that replica's turns (docs/experiments.md#measurements; None
+  for a replica that served no turn);
 - ``deployment``: the same counts summed over the replicas (they equal the run's totals);
 - imbalance over time from replica_samples.parquet: at each sample, the hottest replica's
   requests (running + waiting) over the replicas' mean (1: even; N: all on one replica), and
@@ -52,8 +53,10 @@ def replica_outcome(run: RunData) -> dict:
         row["miss_workload_tokens"] = row["prompt_tokens"] - row["cached_tokens"] - row["miss_routing_tokens"] \
             - row["miss_eviction_tokens"]
         row["hit_ratio"] = json_float(row["cached_tokens"] / row["prompt_tokens"]) if row["prompt_tokens"] else None
+        # a replica the router never used is idle, not degraded (None)
         row["persistently_degraded"] = persistently_degraded(
-            turns.filter(pa.array(replica == i)), info.get("reference_trigger_end_s"), float(info["duration_s"]))
+            turns.filter(pa.array(replica == i)), info.get("reference_trigger_end_s"),
+            float(info["duration_s"])) if row["turns"] else None
         per_replica.append(row)
     total = {name: sum(r[name] for r in per_replica) for name in COUNTS}
     total["hit_ratio"] = json_float(total["cached_tokens"] / total["prompt_tokens"]) if total["prompt_tokens"] else None
@@ -131,7 +134,7 @@ def replica_lines(summary: dict, arms) -> list[str]:
             continue
         missed = [max(r["deployment"]["prompt_tokens"] - r["deployment"]["cached_tokens"], 1) for r in reps]
         lines.append(
-            f"  {arm}: {reps[0]['router']}; {_mean([sum(p['persistently_degraded'] for p in r['per_replica']) for r in reps]):.1f}"
+            f"  {arm}: {reps[0]['router']}; {_mean([sum(bool(p['persistently_degraded']) for p in r['per_replica']) for r in reps]):.1f}"
             f"/{reps[0]['num_replicas']} degraded; routing {_mean([r['deployment']['miss_routing_tokens'] / m for r, m in zip(reps, missed)]):.2f}"
             f" / eviction {_mean([r['deployment']['miss_eviction_tokens'] / m for r, m in zip(reps, missed)]):.2f}; "
             f"imbalance {_mean([r['load_imbalance_mean'] for r in reps]):.2f}; "
