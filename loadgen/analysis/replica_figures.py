@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-import numpy as np
 import pyarrow as pa
 from matplotlib.figure import Figure
 

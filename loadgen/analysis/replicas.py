@@ -20,7 +20,6 @@ from typing import Optional
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .runs import RunData, float_column, json_float, success_mask
