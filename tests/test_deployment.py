@@ -23,7 +23,7 @@ from loadgen.core.gateway import Gateway
 from loadgen.core.recording import RunRecorder
 from loadgen.core.runner import RunKey, engine_config, run_simulated, simulate, _start_session
 from loadgen.core.session import RunEnv
-from loadgen.core.spec import load_spec, parse_spec
+from loadgen.core.spec import SpecError, load_spec, parse_spec
 from loadgen.core.workload import plan_sessions
 from routers import ROUTERS
 from tests.conftest import make_spec_dict
@@ -248,3 +248,10 @@ def test_the_deployment_examples_cover_every_router_and_run(tmp_path):
     for arm in ("cache-aware-budgeter-per-replica", "llm-d"):
         info = run_simulated(short, RunKey(arm, 501), tmp_path)
         assert info["status"] == "completed" and info["replicas"] == 4
+
+
+def test_a_sweep_refuses_a_serve_sim_deployment_rather_than_launching_one_engine():
+    data = make_spec_dict(engine={"kind": "serve_sim", "num_gpus": 0,
+                                  "simulator": {"replicas": 2, "router": {"policy": "random"}}})
+    with pytest.raises(SpecError, match="engine.simulator.replicas: loadgen sweep launches one serve-sim engine"):
+        parse_spec(data)

@@ -320,6 +320,16 @@ class LaunchedEngineSpec(_Model):
         "counts the text prompts of api chat; default: the server's /tokenize. serve_sim serves with it too. "
         "A relative path is relative to the spec's directory."))
 
+    @field_validator("simulator")
+    @classmethod
+    def _one_engine(cls, value: SimEngineSpec) -> SimEngineSpec:
+        # docs/deployments.md#real-engines-what-is-not-done: a sweep launches one server per run
+        if value.replicas > 1:
+            raise ValueError("replicas: loadgen sweep launches one serve-sim engine per run; for a deployment, run "
+                             "`loadgen serve-sim --replicas N --router NAME` and a spec with engine kind openai "
+                             "and metrics_urls (docs/deployments.md#serve-sim-deployments)")
+        return value
+
     @field_validator("tokenizer")
     @classmethod
     def _tokenizer_exists(cls, value: Optional[str], info: ValidationInfo) -> Optional[str]:
