@@ -13,6 +13,7 @@ from .base import GatewayView, NoLimit, Policy
 from .budgeter import KvBudgeter
 from .caps import AdmissionOnlyCap, SessionCap
 from .registry import POLICIES, make_policy, policy_params
+from .thunderagent import Program, ThunderAgent
 
 __all__ = ["AdaptiveCap", "AdmissionOnlyCap", "GatewayView", "KvBudgeter", "LatencyAimd", "NoLimit",
-           "POLICIES", "Policy", "SessionCap", "make_policy", "policy_params"]
+           "POLICIES", "Policy", "Program", "SessionCap", "ThunderAgent", "make_policy", "policy_params"]

@@ -10,11 +10,12 @@ from .aimd import LatencyAimd
 from .base import NoLimit, Policy
 from .budgeter import KvBudgeter
 from .caps import AdmissionOnlyCap, SessionCap
+from .thunderagent import ThunderAgent
 
 # docs/experiments.md#gateway-controllers, in its order.
 POLICIES: dict[str, type[Policy]] = {
     policy.name: policy
-    for policy in (NoLimit, AdmissionOnlyCap, SessionCap, AdaptiveCap, LatencyAimd, KvBudgeter)
+    for policy in (NoLimit, AdmissionOnlyCap, SessionCap, AdaptiveCap, LatencyAimd, KvBudgeter, ThunderAgent)
 }
 
 

@@ -1,6 +1,6 @@
 """The house rules of the layout, checked on every module's imports (function-level ones too).
 
-- controllers/ and trace_shapes/ import nothing of ours (pure policies, plain shapes);
+- controllers/, routers/ and trace_shapes/ import nothing of ours (pure policies, plain shapes);
 - actors/ is the only Ray layer: nothing else imports ray, and loadgen/ never imports actors;
 - the run core (loadgen/core) never imports the live side, the analysis or the CLI;
 - the simulated engine (loadgen/sim) knows no sessions, no HTTP: it imports only itself;
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("loadgen", "controllers", "trace_shapes", "actors")
+PACKAGES = ("loadgen", "controllers", "routers", "trace_shapes", "actors")
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -85,13 +85,14 @@ def _within(name: str, prefix: str) -> bool:
 
 # (who, may not import, why)
 RULES = [
-    ("controllers", ("loadgen", "trace_shapes", "actors", "ray"), "controllers are pure policies"),
-    ("trace_shapes", ("loadgen", "controllers", "actors", "ray"), "trace shapes are plain data"),
+    ("controllers", ("loadgen", "trace_shapes", "actors", "ray", "routers"), "controllers are pure policies"),
+    ("routers", ("loadgen", "controllers", "trace_shapes", "actors", "ray"), "routers are pure policies"),
+    ("trace_shapes", ("loadgen", "controllers", "routers", "actors", "ray"), "trace shapes are plain data"),
     ("loadgen", ("actors", "ray"), "the core runs without Ray; actors/ is the only Ray layer"),
     ("loadgen.core", ("loadgen.live", "loadgen.analysis", "loadgen.experiment", "loadgen.cli"),
      "the run core does not know the live side, the analysis or the CLI"),
     ("loadgen.sim", ("loadgen.core", "loadgen.live", "loadgen.analysis", "loadgen.experiment", "loadgen.cli",
-                     "controllers", "trace_shapes", "aiohttp"),
+                     "controllers", "routers", "trace_shapes", "aiohttp"),
      "the simulated engine knows no sessions and no HTTP"),
     ("loadgen.live.http_client", ("loadgen.sim",), "the HTTP client knows nothing of the simulated engine"),
     ("loadgen.analysis", ("loadgen.live", "loadgen.experiment", "loadgen.cli"),

@@ -23,7 +23,11 @@ def _controllers(name: str) -> dict[str, tuple[str, dict, float]]:
 def test_recovery_arms_are_the_six_limits_from_minute_20():
     spec = load_spec(EXAMPLES / "recovery.yaml")
     assert (spec.workload.arrival_rate_per_s, spec.duration_s, spec.seeds) == (0.04, 3600.0, list(range(1, 17)))
-    assert _controllers("recovery") == {name: (name, {}, 1200.0) for name in POLICIES}
+    # the six gateway limits; thunderagent has its own example (examples/thunderagent-recovery.yaml)
+    limits = [name for name, policy in POLICIES.items() if not getattr(policy, "needs_program_table", False)]
+    assert _controllers("recovery") == {name: (name, {}, 1200.0) for name in limits}
+    assert _controllers("thunderagent-recovery") == {name: (name, {}, 1200.0)
+                                                     for name in ("none", "budgeter", "thunderagent")}
     for arm in spec.arms:
         (burst,) = arm.triggers
         assert (burst.kind, burst.extra_rate_factor, burst.start_s, burst.duration_s) == ("burst", 1.0, 600.0, 240.0)

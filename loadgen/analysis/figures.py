@@ -22,6 +22,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from .recovery import cohort_completion_by_arrival  # noqa: E402
+from .replica_figures import replica_figures  # noqa: E402
 from .runs import RunData, load_run  # noqa: E402
 from .tables import table_arms  # noqa: E402
 from .windows import DEGRADED_HIT_RATIO, window_series  # noqa: E402
@@ -221,6 +222,7 @@ def figure_jobs(results_dir: str | os.PathLike, summary: Mapping[str, Any],
         controller_figures.append(("mix-shift-scatter.png", partial(figure_mix_shift_scatter, summary, colors)))
     if any(r.get("cold_work_drift_s_per_h") is not None for r in summary.get("runs", [])):
         controller_figures.append(("drain.png", partial(figure_drain, summary, colors)))
+    controller_figures += replica_figures(runs_by_seed, colors)  # runs on a deployment (docs/deployments.md)
     for name, make in controller_figures:
         jobs.append((figures_dir / name, partial(save_figure, make, figures_dir / name)))
     return jobs

@@ -11,6 +11,7 @@ import pyarrow as pa
 from .ideal import hit_ratio_outcome
 from .latency import latency_outcome
 from .recovery import control_outcome
+from .replicas import replica_outcome
 from .sessions import task_outcome
 from .slo import slo_outcome
 from .tokenization import tokenization_outcome
@@ -101,4 +102,6 @@ def run_outcome(run: RunData) -> dict:
         **hit_ratio_outcome(run),
         # added with chat prompts (docs/chat.md#drift): prompt lengths off plan, re-tokenization drift
         **tokenization_outcome(run.turns),
+        # added with deployments (docs/deployments.md#records): per-replica outcomes, runs on a deployment only
+        **replica_outcome(run),
     }

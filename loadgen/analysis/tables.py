@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .ideal import ideal_hit_lines
+from .replicas import replica_lines
 from .windows import DEGRADED_HIT_RATIO
 
 
@@ -146,6 +147,7 @@ def format_outcome_table(summary: Mapping[str, Any]) -> str:
     for comparison in pairs.get("comparisons", []):
         lines.append(_fmt_comparison(comparison, str(pairs.get("baseline_arm"))))
     lines += ideal_hit_lines(summary, arms)
+    lines += replica_lines(summary, arms)  # runs on a deployment (docs/deployments.md#records)
     lines += drain_lines(summary)
     incomplete = summary.get("incomplete_runs") or []
     if incomplete:

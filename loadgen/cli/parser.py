@@ -9,6 +9,8 @@ from trace_shapes import FORMATS, TREE_FORMATS, TREE_PRESETS
 from ..version import __version__
 
 from .runs import _cmd_report, _cmd_run, _cmd_sweep, _cmd_validate
+from routers import ROUTERS
+
 from .tools import SHAPE_NAMES, _cmd_calibrate, _cmd_compare, _cmd_cost_fit, _cmd_map, _cmd_serve_sim, _cmd_shapes
 
 
@@ -69,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     map_.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"seeds at every point (default {DEFAULT_SEEDS})")
     map_.add_argument("--controllers", default=DEFAULT_CONTROLLERS,
                       help=f"controllers, each from the start of the run (default {DEFAULT_CONTROLLERS})")
+    map_.add_argument("--routers", help="routers of a deployment spec (engine.replicas > 1), e.g. "
+                                        "consistent_hash,cache_aware: each controller with each router")
     map_.add_argument("--horizon-h", type=float, default=DEFAULT_HORIZON_H,
                       help=f"escape-time runs: hours per run, 0 to skip (default {DEFAULT_HORIZON_H:g})")
     map_.add_argument("--max-escape-rates", type=int, default=DEFAULT_MAX_ESCAPE_RATES,
@@ -107,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="serve no /v1/completions (an endpoint that speaks only the chat API)")
     serve.add_argument("--schedule-policy", choices=("fcfs", "lpm"), default="fcfs",
                        help="SGLang's --schedule-policy (flavor sglang)")
+    # added with deployments (docs/deployments.md#serve-sim-deployments)
+    serve.add_argument("--replicas", type=int, default=1,
+                       help="serve N engines behind a router at one URL (each also at /replica/<i>)")
+    serve.add_argument("--router", help="the router of --replicas N (default round_robin): " + ", ".join(ROUTERS))
+    serve.add_argument("--session-header", default="X-Session-ID", help="the header the router reads a session from")
     serve.set_defaults(func=_cmd_serve_sim)
 
     report = sub.add_parser("report", help="rebuild summary.json, print the paired table, write figures")

@@ -20,7 +20,7 @@ def _cmd_map(args: argparse.Namespace) -> int:
 
     from ..core.clock import epoch_s
     from ..map.bounds import spec_bounds
-    from ..map.grid import MapGrid, map_job, parse_controllers, parse_values
+    from ..map.grid import MapGrid, map_job, parse_controllers, parse_values, with_routers
     from ..map.report import summarize_map, write_map
     from ..map.run import process_pool, run_map
 
@@ -30,7 +30,10 @@ def _cmd_map(args: argparse.Namespace) -> int:
         grid = MapGrid(
             rates_per_s=tuple(parse_values(args.rates, "--rates", 0.0, allow_minimum=False)),
             trigger_factors=tuple(parse_values(args.trigger_factors, "--trigger-factors", 0.0)),
-            seeds=tuple(parse_seeds(args.seeds)), controllers=parse_controllers(args.controllers),
+            seeds=tuple(parse_seeds(args.seeds)),
+            controllers=with_routers(parse_controllers(args.controllers),
+                                     parse_controllers(args.routers, "--routers", "consistent_hash,cache_aware")
+                                     if args.routers else (), spec),
             horizon_s=args.horizon_h * 3600, bisect_steps=args.bisect_steps, max_escape_rates=args.max_escape_rates)
         job = map_job(spec, spec_dir, grid.trigger_factors)
         bounds = spec_bounds(spec, spec.engine.load_cost_model(spec_dir))
@@ -139,13 +142,30 @@ def _cmd_serve_sim(args: argparse.Namespace) -> int:
             tokenizer = LocalTokenizer(args.tokenizer)
         except TokenizerError as exc:
             raise SpecError(f"--tokenizer: {exc}") from None
-    server = SimServer(config, cost, time_scale=args.time_scale, model=args.model, tokenizer=tokenizer,
-                       chat_only=args.chat_only)
+    if args.replicas < 1:
+        raise SpecError(f"--replicas {args.replicas}: must be >= 1")
+    if args.router is not None and args.replicas == 1:
+        raise SpecError("--router needs --replicas N > 1 (one engine has nothing to route between)")
+    servers = [SimServer(config, cost, time_scale=args.time_scale, model=args.model, tokenizer=tokenizer,
+                         chat_only=args.chat_only, seed=i) for i in range(args.replicas)]
+    server = servers[0]
+    listen = serve
+    if args.replicas > 1:
+        from routers import make_router
+
+        from ..live.serve_deployment import DeploymentServer, serve_deployment
+        try:
+            router = make_router(args.router or "round_robin")
+        except ValueError as exc:
+            raise SpecError(f"--router: {exc}") from None
+        server, listen = DeploymentServer(servers, router, session_header=args.session_header), serve_deployment
 
     async def main() -> None:
-        await serve(server, args.host, args.port)
+        await listen(server, args.host, args.port)
+        replicas = (f", {args.replicas} replicas behind {args.router or 'round_robin'} "
+                    f"(each at /replica/<i>)" if args.replicas > 1 else "")
         print(f"serve-sim: http://{args.host}:{args.port} ({args.flavor}, model {args.model!r}, "
-              f"pool {config.pool_tokens} tokens, cost {cost.name}, time x{args.time_scale:g})", flush=True)
+              f"pool {config.pool_tokens} tokens, cost {cost.name}, time x{args.time_scale:g}{replicas})", flush=True)
         await asyncio.Event().wait()
 
     try:

@@ -46,6 +46,11 @@ class TurnResult:
     itl_mean_s: float = float("nan")
     itl_max_s: float = float("nan")
     output_text: Optional[str] = None  # the returned text (live engines): a text context appends it
+    # a deployment's (loadgen/core/deployment.py): the replica that served the turn and, of its
+    # missed tokens, those resident only on another replica (routing) or evicted from this one
+    replica: Optional[int] = None
+    miss_routing_tokens: Optional[int] = None
+    miss_eviction_tokens: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,19 @@ class SimEngineClient:
     def flush(self) -> None:
         self.engine.flush(self.clock.now())
         self._rearm()
+
+    # run.json counts (a deployment sums its replicas')
+    @property
+    def num_steps(self) -> int:
+        return self.engine.num_steps
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.engine.num_preemptions
+
+    @property
+    def flush_times_s(self) -> list[float]:
+        return self.engine.flush_times_s
 
     def _rearm(self) -> None:
         wake = self.engine.next_wakeup()

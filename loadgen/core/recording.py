@@ -37,6 +37,14 @@ TURN_SCHEMA = pa.schema([
     ("cacheable_prefix_tokens", pa.int64()),
 ])
 
+# added with deployments (docs/deployments.md#records), only in the turns of runs on a deployment
+# (one engine writes the table it wrote before): the replica that served the turn, and of its
+# missed prompt tokens those the prefix of which was resident only on another replica (routing)
+# or had been resident on this one (eviction); the rest of the miss is the workload's
+DEPLOYMENT_TURN_FIELDS = [("replica", pa.int32()), ("miss_routing_tokens", pa.int64()),
+                          ("miss_eviction_tokens", pa.int64())]
+DEPLOYMENT_TURN_SCHEMA = pa.schema(list(TURN_SCHEMA) + [pa.field(n, t) for n, t in DEPLOYMENT_TURN_FIELDS])
+
 SAMPLE_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("t_s", pa.float64()),
     ("sessions_in_system", pa.int64()), ("sessions_thinking", pa.int64()),
@@ -104,7 +112,7 @@ class RunRecorder:
     """Collects one run's turns and samples; writes them as the run goes."""
 
     def __init__(self, run_dir: Optional[Path], run_id: str, arm: str, seed: int, flush_interval_s: float,
-                 writer: Optional[Executor] = None) -> None:
+                 writer: Optional[Executor] = None, replica_columns: bool = False) -> None:
         # run_dir None keeps the rows in memory (``tables()``): `loadgen map` runs thousands of
         # runs and keeps only one outcome row each, so writing their Parquet would be waste.
         # ``writer``: writes the Parquet parts off the caller's thread (a live run's event loop,
@@ -127,7 +135,9 @@ class RunRecorder:
         self._written: dict[str, list[pa.Table]] = {name: [] for name in (*TABLES, *OPTIONAL_TABLES)}
         self._writer = writer
         self._writes: list[Future] = []
-        self._turns = _Columns(TURN_SCHEMA)
+        # ``replica_columns``: turns get DEPLOYMENT_TURN_FIELDS (a run on a deployment)
+        self.replica_columns = replica_columns
+        self._turns = _Columns(DEPLOYMENT_TURN_SCHEMA if replica_columns else TURN_SCHEMA)
         self._samples = _Columns(SAMPLE_SCHEMA)
         self._sessions = _Columns(SESSION_SCHEMA)
         self._replica_samples = _Columns(REPLICA_SAMPLE_SCHEMA)
@@ -173,13 +183,16 @@ class RunRecorder:
              output_tokens: int, num_preemptions: int, error: Optional[str],
              itl_mean_s: float = math.nan, itl_max_s: float = math.nan,
              planned_prompt_tokens: Optional[int] = None, retokenization_drift_tokens: int = 0,
-             cacheable_prefix_tokens: Optional[int] = None) -> None:
+             cacheable_prefix_tokens: Optional[int] = None, replica: Optional[int] = None,
+             miss_routing_tokens: Optional[int] = None, miss_eviction_tokens: Optional[int] = None) -> None:
         if planned_prompt_tokens is None:
             planned_prompt_tokens = prompt_tokens
         values = (self.run_id, self.arm, self.seed, session_id, turn_index, is_trigger, kind, ready_s, admit_s,
                   first_token_s, finish_s, prompt_tokens, cached_tokens, output_tokens, admit_s - ready_s,
                   num_preemptions, error, itl_mean_s, itl_max_s, planned_prompt_tokens,
                   retokenization_drift_tokens, cacheable_prefix_tokens)
+        if self.replica_columns:
+            values += (replica, miss_routing_tokens, miss_eviction_tokens)
         for col, value in zip(self._turns.cols, values):
             col.append(value)
         if error is None:
@@ -243,7 +256,8 @@ class RunRecorder:
         """An in-memory recorder's rows so far: turns, samples and sessions as written to disk."""
         if self._in_memory is None:
             raise ValueError("tables(): this recorder writes to its run directory")
-        return {name: pa.concat_tables(parts) if parts else TABLES[name].empty_table()
+        empty = {**TABLES, "turns": self._turns.schema}
+        return {name: pa.concat_tables(parts) if parts else empty[name].empty_table()
                 for name, parts in self._in_memory.items() if name in TABLES or parts}
 
 

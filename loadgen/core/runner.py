@@ -12,17 +12,21 @@ from typing import Iterable, Optional, Union
 import pyarrow as pa
 
 from controllers import make_policy
+from routers import make_router
 
 from ..sim import EngineConfig
 from ..sim.sglang_engine import SGLangConfig
 from ..version import __version__
 from .clock import VirtualClock
+from .deployment import DeploymentClient
 from .engines import SimEngineClient
 from .gateway import Gateway
 from .recording import RunRecorder, merge_parts, write_json_atomic
+from .program_gate import ProgramGate, UsageTap
+from .replica_gates import ReplicaGates
 from .session import RunEnv, run_session
 from .spec import ExperimentSpec, FlushTrigger, SimEngineSpec
-from .workload import plan_sessions
+from .workload import Stream, plan_sessions, rng_for
 
 
 @dataclass(frozen=True)
@@ -74,9 +78,11 @@ def run_simulated(spec: ExperimentSpec, key: RunKey, out_dir: Path, spec_dir: Op
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     engine_spec = spec.engine_for(spec.arm(key.arm))
-    info = run_info(spec, key, engine_spec.kind, engine_spec.pool_tokens)
+    pool_tokens, deployment = sim_pool_and_deployment(engine_spec)
+    info = run_info(spec, key, engine_spec.kind, pool_tokens, **deployment)
     write_json_atomic(run_dir / "run.json", info)
-    recorder = RunRecorder(run_dir, key.run_id, key.arm, key.seed, spec.recording.flush_interval_s)
+    recorder = RunRecorder(run_dir, key.run_id, key.arm, key.seed, spec.recording.flush_interval_s,
+                           replica_columns=engine_spec.replicas > 1)
     try:
         counts = simulate(spec, key, recorder, spec_dir)
         recorder.close()
@@ -99,11 +105,21 @@ def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir:
     ctl = spec.controller_for(arm)
     engine_spec = spec.engine_for(arm)
     clock = VirtualClock()
-    engine = SimEngineClient(clock, engine_config(engine_spec), engine_spec.load_cost_model(spec_dir))
-    gateway = Gateway(clock, make_policy(ctl.name, **ctl.params), engine.pool_tokens, ctl.start_s)
+    engine = make_engine(clock, engine_spec, key, spec_dir)
+    plans = plan_sessions(spec, arm, key.seed)
+    policy = make_policy(ctl.name, **ctl.params)
+    if getattr(policy, "needs_program_table", False):  # thunderagent: a program table, a periodic schedule
+        replicas = getattr(engine, "replicas", [engine])
+        gateway = ProgramGate(clock, policy, [r.pool_tokens for r in replicas], ctl.start_s)
+        engine = UsageTap(engine, gateway)
+    elif ctl.scope == "replica":  # a gate per replica, asked after routing
+        gateway = ReplicaGates(clock, engine, [make_policy(ctl.name, **ctl.params) for _ in engine.replicas],
+                               ctl.start_s, plans)
+    else:
+        gateway = Gateway(clock, policy, engine.pool_tokens, ctl.start_s)
     env = RunEnv(clock, engine, gateway, recorder)
 
-    for plan in plan_sessions(spec, arm, key.seed):
+    for plan in plans:
         clock.call_at(plan.arrival_s, _start_session, clock, plan, env)
     for trig in arm.triggers:
         if isinstance(trig, FlushTrigger):
@@ -117,8 +133,21 @@ def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir:
     return {
         "sessions_arrived": counts.arrived_total, "sessions_completed": counts.completed_total,
         "turns_completed": recorder.turns_completed,
-        "engine_steps": engine.engine.num_steps, "engine_preemptions": engine.engine.num_preemptions,
-        "flush_times_s": engine.engine.flush_times_s}
+        "engine_steps": engine.num_steps, "engine_preemptions": engine.num_preemptions,
+        "flush_times_s": engine.flush_times_s}
+
+
+def make_engine(clock: VirtualClock, engine_spec: SimEngineSpec, key: RunKey, spec_dir: Optional[Path] = None):
+    """The simulated engine of a run: one engine, or ``replicas`` of them behind the spec's router
+    (whose seed is the run's: the same spec and seed route the same way)."""
+    config, cost = engine_config(engine_spec), engine_spec.load_cost_model(spec_dir)
+    if engine_spec.replicas == 1:
+        return SimEngineClient(clock, config, cost)
+    router_spec = engine_spec.router
+    seed = int(rng_for(Stream.ROUTER, key.seed, key.arm).integers(2**63))
+    return DeploymentClient([SimEngineClient(clock, config, cost) for _ in range(engine_spec.replicas)],
+                            make_router(router_spec.policy, **router_spec.knobs), seed,
+                            prefix_cache_block_size(engine_spec))
 
 
 INTERRUPTED = "interrupted (Ctrl-C) before the run ended; running the same command again runs it again"
@@ -143,10 +172,23 @@ def mark_interrupted(spec: ExperimentSpec, key: RunKey, out_dir: Path) -> dict:
         if run_dir.exists():
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True)
-        info = run_info(spec, key, spec.engine.kind, getattr(spec.engine, "pool_tokens", None))
+        engine = spec.engine_for(spec.arm(key.arm))
+        if isinstance(engine, SimEngineSpec):
+            pool_tokens, deployment = sim_pool_and_deployment(engine)
+            info = run_info(spec, key, engine.kind, pool_tokens, **deployment)
+        else:
+            info = run_info(spec, key, engine.kind, getattr(engine, "pool_tokens", None))
     info.update(status="interrupted", error=INTERRUPTED)
     write_json_atomic(run_dir / "run.json", info)
     return info
+
+
+def sim_pool_and_deployment(engine: SimEngineSpec) -> tuple:
+    """(C, run.json fields) of a simulated engine: a deployment's C is its replicas' pools together,
+    and its run.json names the replicas and router (one engine's run.json is as before)."""
+    if engine.replicas == 1:
+        return engine.pool_tokens, {}
+    return engine.pool_tokens * engine.replicas, {"replicas": engine.replicas, "router": engine.router.policy}
 
 
 def run_spec(spec: ExperimentSpec, key: RunKey) -> dict:
@@ -215,6 +257,8 @@ def _start_session(clock: VirtualClock, plan, env: RunEnv) -> None:
 def _sample(env: RunEnv) -> None:
     now = env.clock.now()
     env.recorder.sample(sample_row(env, env.engine.metrics(), now))
+    for row in getattr(env.engine, "replica_rows", lambda _: ())(now):
+        env.recorder.replica_sample(row)
     env.recorder.maybe_flush(now)
 
 

@@ -276,7 +276,8 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
             recorder.turn(sid, k, plan.is_trigger, shape.kind, ready, admit, result.first_token_s, result.finish_s,
                           result.prompt_tokens, result.cached_tokens, result.output_tokens, result.num_preemptions,
                           result.error, itl_mean_s, itl_max_s, context,
-                          tokens.drift_tokens if tokens is not None else 0, cacheable)
+                          tokens.drift_tokens if tokens is not None else 0, cacheable,
+                          result.replica, result.miss_routing_tokens, result.miss_eviction_tokens)
             if result.error is None or not env.retry.should_retry(attempt, result.error):
                 break
             await clock.sleep(env.retry.delay_s(attempt))

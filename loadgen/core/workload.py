@@ -48,6 +48,7 @@ class Stream(enum.Enum):
     SHARED_PREFIX_TOKENS = ("shared-prefix-tokens", 4)  # (seed, arm, prefix_key, prefix_tokens)
     CALIBRATION_PROMPTS = ("calibration-prompts", 1)  # (seed,)
     SERVE_SIM_OUTPUT = ("serve-sim-output", 1)  # (seed,)
+    ROUTER = ("router", 2)  # (seed, arm): a deployment's router (ties, random picks)
 
     def __init__(self, tag: str, arity: int) -> None:
         self.tag = tag

@@ -50,8 +50,10 @@ class Transport(Protocol):
     async def request(self, method: str, url: str, body: Optional[bytes], headers: dict,
                       timeout_s: float) -> tuple[int, bytes]: ...
 
-    def stream_lines(self, url: str, body: bytes, headers: dict, timeout_s: float) -> AsyncIterator[list[bytes]]:
-        """A streamed POST's response as batches of complete lines, a batch per network read."""
+    def stream_lines(self, url: str, body: bytes, headers: dict, timeout_s: float,
+                     response_header: Optional[dict] = None) -> AsyncIterator[list[bytes]]:
+        """A streamed POST's response as batches of complete lines, a batch per network read;
+        ``response_header`` ({name: None}) gets that header's value before the first batch."""
 
     async def close(self) -> None: ...
 
@@ -84,12 +86,15 @@ class AiohttpTransport:
         except aiohttp.ClientError as exc:
             raise TransportError(f"{type(exc).__name__}: {exc}") from None
 
-    async def stream_lines(self, url, body, headers, timeout_s):
+    async def stream_lines(self, url, body, headers, timeout_s, response_header=None):
         import aiohttp
 
         try:
             async with self._get().post(url, data=body, headers=headers,
                                         timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                if response_header:
+                    name = next(iter(response_header))
+                    response_header[name] = resp.headers.get(name)
                 if resp.status >= 400:
                     raise HttpStatusError(resp.status, (await resp.read()).decode(errors="replace"))
                 # one await per network read, not per line: aiohttp's readline costs ~4 us a line
@@ -119,6 +124,7 @@ class MockResponse:
     json: Any = None
     text: str = ""
     lines: list = field(default_factory=list)  # SSE lines (bytes or str) for streamed requests
+    headers: dict = field(default_factory=dict)  # response headers of a streamed request
     delay_s: float = 0.0
 
 
@@ -153,8 +159,11 @@ class MockTransport:
         data = orjson.dumps(resp.json) if resp.json is not None else resp.text.encode()
         return resp.status, data
 
-    async def stream_lines(self, url, body, headers, timeout_s):
+    async def stream_lines(self, url, body, headers, timeout_s, response_header=None):
         resp = await self._respond_within("POST", url, body, headers, timeout_s)
+        if response_header:
+            name = next(iter(response_header))
+            response_header[name] = {k.lower(): v for k, v in resp.headers.items()}.get(name.lower())
         if resp.status >= 400:
             raise HttpStatusError(resp.status, resp.text or orjson.dumps(resp.json).decode())
         for line in resp.lines:  # one line per batch: every token arrives separately
@@ -263,6 +272,8 @@ class EndpointOptions:
     # routers: a header naming the session (SESSION_LABEL/SESSION_ID) so every turn goes to one replica
     session_header: Optional[str] = None
     session_label: str = "loadgen"  # the run's id in a run
+    # a router's response header naming the replica that served the turn (turns.parquet replica)
+    replica_header: Optional[str] = None
 
 
 class OpenAIEngineClient:
@@ -291,6 +302,7 @@ class OpenAIEngineClient:
         self._path = "/v1/chat/completions" if options.api == "chat" else "/v1/completions"
         # text prompts of exact lengths (chat, or the completions text fallback); set by the preflight
         self.prompts: Optional[PromptBuilder] = None
+        self.replica_names: list[str] = []  # replica_header values in order of first sight: their index
         self._headers = {"Content-Type": "application/json"}
         if options.api_key:
             self._headers["Authorization"] = f"Bearer {options.api_key}"
@@ -349,9 +361,13 @@ class OpenAIEngineClient:
             body = fields.replace(key + b"null", key + prompt.json(), 1)
         else:
             body = orjson.dumps(self._body(request, prompt))
+        # a transport is asked for a response header only when the spec names one (test doubles
+        # at this seam need not know the argument)
+        replica_header = {self.options.replica_header: None} if self.options.replica_header else None
+        extra = {"response_header": replica_header} if replica_header else {}
         try:
             async for batch in self.transport.stream_lines(self.base + self._path, body, headers,
-                                                           self.options.request_timeout_s):
+                                                           self.options.request_timeout_s, **extra):
                 now = clock.now()
                 got_tokens = False
                 # one JSON parse per network read (the batch's events as one array), not per event
@@ -405,7 +421,20 @@ class OpenAIEngineClient:
             cached = int((meta_info or {}).get("cached_tokens") or 0)
         return TurnResult(submitted, first, finish, int(usage.get("prompt_tokens", request.prompt_tokens)), cached,
                           int(usage.get("completion_tokens", len(output_ids))), 0, None,
-                          output_ids if output_ids else None, tuple(gaps), output_text="".join(texts))
+                          output_ids if output_ids else None, tuple(gaps), output_text="".join(texts),
+                          replica=self.replica_index(replica_header))
+
+    def replica_index(self, replica_header: Optional[dict]) -> Optional[int]:
+        """The replica a response names (None without the header): an index when the value is one
+        (serve-sim's X-Loadgen-Replica), else the order in which the run first saw the value."""
+        value = next(iter(replica_header.values())) if replica_header else None
+        if value is None:
+            return None
+        if value.isdigit():
+            return int(value)
+        if value not in self.replica_names:
+            self.replica_names.append(value)
+        return self.replica_names.index(value)
 
     def session_value(self, session_id: int) -> str:
         """The affinity header's value: stable for a session within a run, distinct across sessions

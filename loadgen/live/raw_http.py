@@ -58,6 +58,8 @@ class _Connection(asyncio.Protocol):
         self.pieces: list[bytes] = []  # body bytes not yet taken by the reader
         self.error: Optional[Exception] = None
         self.waiter: Optional[asyncio.Future] = None
+        self.keep_header: Optional[str] = None  # a response header the reader asked for (lower case)
+        self.kept_header: Optional[str] = None
 
     # ------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport) -> None:
@@ -118,6 +120,8 @@ class _Connection(asyncio.Protocol):
                     chunked = "chunked" in value.lower()
                 elif name == "connection":
                     connection = value.strip().lower()
+                elif name == self.keep_header:
+                    self.kept_header = value.strip()
             self.keep_alive = connection != "close" and parts[0] != "HTTP/1.0" or connection == "keep-alive"
             self.head_done = True
             if chunked:
@@ -313,15 +317,21 @@ class RawHttpTransport:
         finally:
             self._done_with(conn, key, timer)
 
-    async def stream_lines(self, url: str, body: bytes, headers: dict, timeout_s: float) -> AsyncIterator[list[bytes]]:
+    async def stream_lines(self, url: str, body: bytes, headers: dict, timeout_s: float,
+                           response_header: Optional[dict] = None) -> AsyncIterator[list[bytes]]:
+        """``response_header``: {name: None} gets that response header's value (a router's replica)."""
         if not url.startswith("http://"):
-            async for batch in self.fallback.stream_lines(url, body, headers, timeout_s):
+            async for batch in self.fallback.stream_lines(url, body, headers, timeout_s, response_header):
                 yield batch
             return
         conn, key, timer = await self._send("POST", url, body, headers, timeout_s)
+        if response_header:  # set before the loop runs again: no byte of the answer is parsed yet
+            conn.keep_header = next(iter(response_header)).lower()
         try:
             while not conn.head_done:
                 await conn.wait()
+            if response_header:
+                response_header[next(iter(response_header))] = conn.kept_header
             if conn.status >= 400:
                 while not conn.done:
                     await conn.wait()

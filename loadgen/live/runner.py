@@ -38,7 +38,8 @@ def endpoint_options(engine: OpenAIEngineSpec, run_id: str = "loadgen") -> Endpo
     return EndpointOptions(url=engine.url, model=engine.model, api_key=api_key_from_env(engine.api_key_env),
                            prompt_mode=engine.prompt_mode, request_timeout_s=engine.request_timeout_s,
                            server=engine.server, api=engine.api, tokenizer=engine.tokenizer,
-                           session_header=engine.session_header, session_label=run_id)
+                           session_header=engine.session_header, session_label=run_id,
+                           replica_header=getattr(engine, "replica_header", None))
 
 
 def max_context_tokens(spec: ExperimentSpec) -> int:
@@ -211,7 +212,8 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
     # a live run is not re-runnable in a second: write its rows at least every real minute
     flush_interval_s = min(spec.recording.flush_interval_s, 60.0 * spec.time_scale)
     writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loadgen-parquet")
-    recorder = RunRecorder(run_dir, key.run_id, key.arm, key.seed, flush_interval_s, writer)
+    recorder = RunRecorder(run_dir, key.run_id, key.arm, key.seed, flush_interval_s, writer,
+                           replica_columns=bool(getattr(engine_spec, "replica_header", None)))
     retry = RetryPolicy(engine_spec.retry.max_attempts, engine_spec.retry.backoff_s)
     env = RunEnv(clock, client, gateway, recorder, retry=retry, ready_contexts=ready_contexts)
     tasks: set[asyncio.Task] = set()

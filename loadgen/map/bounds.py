@@ -16,7 +16,7 @@ the per-step overhead t0 is shared by a batch, so it is charged to no single tur
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -77,13 +77,19 @@ class MapBounds:
     sessions_at_healthy: float        # N there (= C / L)
     saturation_rate_per_s: float      # 1 / (T W): even warm turns outrun the engine
     drain_rate_per_s: float           # 1 / S
+    # a deployment's (engine.replicas): the rates and pool above are the replicas' together,
+    # each replica taking 1/replicas of the load (a router that balances perfectly)
+    replicas: int = 1
 
     def warm_response_s(self, rate_per_s: float) -> float:
-        load = rate_per_s * self.turns_per_session * self.warm_turn_work_s
+        load = rate_per_s / self.replicas * self.turns_per_session * self.warm_turn_work_s
         return math.inf if load >= 1 else self.warm_turn_alone_s / (1 - load)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        if self.replicas == 1:
+            del data["replicas"]  # one engine's map.json as before deployments
+        return data
 
 
 def session_bounds(shapes: list[SessionShape], think_time_s: float, pool_tokens: int,
@@ -128,7 +134,14 @@ def spec_bounds(spec: ExperimentSpec, cost: StepCostModel) -> MapBounds:
         shapes = _sampled_shapes(model)
         gaps = [t for s in shapes for t in s.think_s]
         think_s = sum(gaps) / len(gaps) if gaps else 0.0
-    return session_bounds(shapes, think_s, spec.engine.pool_tokens, cost)
+    one = session_bounds(shapes, think_s, spec.engine.pool_tokens, cost)
+    n = spec.engine.replicas
+    if n == 1:
+        return one
+    return replace(one, pool_tokens=one.pool_tokens * n, healthy_rate_per_s=one.healthy_rate_per_s * n,
+                               sessions_at_healthy=one.sessions_at_healthy * n,
+                               saturation_rate_per_s=one.saturation_rate_per_s * n,
+                               drain_rate_per_s=one.drain_rate_per_s * n, replicas=n)
 
 
 def _sampled_shapes(model) -> list[SessionShape]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from controllers import POLICIES
+from routers import ROUTERS
 
 from ..core.spec import BurstTrigger, ExperimentSpec, SimEngineSpec
 
@@ -96,9 +97,13 @@ class MapGrid:
     max_escape_rates: int = DEFAULT_MAX_ESCAPE_RATES
 
     def __post_init__(self) -> None:
-        unknown = [c for c in self.controllers if c not in POLICIES]
+        # with --routers each entry is CONTROLLER+ROUTER (with_routers): one map column per pair
+        unknown = [c for c in self.controllers if split_policy(c)[0] not in POLICIES]
         if unknown:
             raise GridError(f"--controllers: unknown {unknown}; valid controllers: {sorted(POLICIES)}")
+        unknown = sorted({split_policy(c)[1] for c in self.controllers} - {None, *ROUTERS})
+        if unknown:
+            raise GridError(f"--routers: unknown {unknown}; valid routers: {list(ROUTERS)}")
         if not self.controllers or not self.seeds:
             raise GridError("the grid needs at least one controller and one seed")
         if len(set(self.controllers)) != len(self.controllers):
@@ -165,13 +170,37 @@ def point_spec(job: MapJob, point: MapPoint) -> ExperimentSpec:
         triggers.append({**job.burst.model_dump(mode="json", exclude_unset=True), "extra_rate_factor": point.trigger_factor})
     data["arms"] = [{"name": "map", "triggers": triggers}]
     ctl = job.spec.controller
-    params = ctl.params if ctl.name == point.controller else {}
-    data["controller"] = {"name": point.controller, "params": params, "start_s": 0.0}
+    name, router = split_policy(point.controller)
+    params = ctl.params if ctl.name == name else {}
+    data["controller"] = {"name": name, "params": params, "start_s": 0.0,
+                          **({"scope": ctl.scope} if ctl.scope != "deployment" else {})}
+    if router is not None:
+        spec_router = job.spec.engine.router
+        knobs = spec_router.knobs if spec_router is not None and spec_router.policy == router else {}
+        data["engine"]["router"] = {"policy": router, **knobs}
     return ExperimentSpec.model_validate(data, context={"base_dir": job.spec_dir})
 
 
-def parse_controllers(text: str) -> tuple[str, ...]:
+def split_policy(label: str) -> tuple[str, Optional[str]]:
+    """A map column's controller and router (None: the spec's engine as it is)."""
+    name, _, router = label.partition("+")
+    return name, router or None
+
+
+def with_routers(controllers: Sequence[str], routers: Sequence[str], spec: ExperimentSpec) -> tuple[str, ...]:
+    """``loadgen map --routers``: every controller with every router, as CONTROLLER+ROUTER columns."""
+    if not routers:
+        return tuple(controllers)
+    if not isinstance(spec.engine, SimEngineSpec) or spec.engine.replicas < 2:
+        raise GridError("--routers: the spec's engine is one engine; a router needs engine.replicas > 1 "
+                        "(and engine.router: {policy: ...})")
+    if len(set(routers)) != len(routers):
+        raise GridError(f"--routers: {list(routers)} names one twice")
+    return tuple(f"{c}+{r}" for c in controllers for r in routers)
+
+
+def parse_controllers(text: str, flag: str = "--controllers", example: str = "none,budgeter") -> tuple[str, ...]:
     names = tuple(n.strip() for n in str(text).split(",") if n.strip())
     if not names or any(not re.fullmatch(r"[A-Za-z0-9_.-]+", n) for n in names):
-        raise GridError(f"--controllers: cannot read {text!r}: expected names, e.g. none,budgeter")
+        raise GridError(f"{flag}: cannot read {text!r}: expected names, e.g. {example}")
     return names

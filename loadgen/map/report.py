@@ -95,7 +95,9 @@ def format_report(summary: dict) -> str:
         f"bounds: healthy side lambda <= {b['healthy_rate_per_s']:.4g}/s (lambda T (Z + R0) L = C: "
         f"{b['sessions_at_healthy']:.1f} sessions of {b['mean_context_tokens']:.0f} tokens, R0 = "
         f"{b['warm_response_at_healthy_s']:.2f} s); drain lambda < 1/S = {b['drain_rate_per_s']:.4g}/s "
-        f"(S = {b['session_cold_cost_s']:.1f} s); warm saturation {b['saturation_rate_per_s']:.4g}/s",
+        f"(S = {b['session_cold_cost_s']:.1f} s); warm saturation {b['saturation_rate_per_s']:.4g}/s"
+        + (f"; rates and C are {b['replicas']} replicas' together, perfectly balanced (N/S for the drain)"
+           if b.get("replicas", 1) > 1 else ""),
     ]
     for row in summary["boundaries"]:
         if row["trigger_factor"] not in (0.0, factor):

@@ -104,7 +104,8 @@ def _play(driver: GatewayDriver, script: list[tuple[str, int, int]]) -> None:
                     driver.turn_boundary(session)
 
 
-@pytest.mark.parametrize("name", list(POLICIES))
+# thunderagent decides over its whole program table behind its own gate (tests/controllers/test_thunderagent.py)
+@pytest.mark.parametrize("name", [n for n in POLICIES if not getattr(POLICIES[n], "needs_program_table", False)])
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), pool_tokens=st.integers(2_000, 60_000), control_start_s=st.sampled_from([0.0, 10.0, 40.0]),
        num_early=st.integers(0, 12), script=events, drain_latency_s=st.sampled_from([0.5, 40.0]))

@@ -6,7 +6,8 @@ from controllers import POLICIES, make_policy, policy_params
 
 
 def test_the_six_limits_of_spec_section_5_by_name():
-    assert list(POLICIES) == ["none", "admission-only", "session-cap", "adaptive-cap", "aimd", "budgeter"]
+    assert list(POLICIES) == ["none", "admission-only", "session-cap", "adaptive-cap", "aimd", "budgeter",
+                              "thunderagent"]
 
 
 def test_defaults_are_the_spec_constants():

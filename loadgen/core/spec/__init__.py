@@ -7,7 +7,7 @@ of a spec: ``engines``, ``sessions``, ``triggers``, and ``experiment`` (arms, co
 
 from .base import SpecError
 from .engines import (EngineSpec, LaunchedEngineSpec, OffloadSpec, OpenAIEngineSpec, RetrySpec,
-                      SGLangOptionsSpec, SimEngineSpec, normalize_endpoint_url)
+                      RouterSpec, SGLangOptionsSpec, SimEngineSpec, normalize_endpoint_url)
 from .sessions import (EmpiricalGapSpec, ExponentialGapSpec, GapFallbackSpec, HFDatasetSessionSpec,
                        HFSourceSpec, SessionSpec, SwebenchSessionSpec, SyntheticSessionSpec,
                        TraceFileSessionSpec, TraceLabSyntheticSessionSpec, WorkloadSpec, build_session_model)
@@ -20,7 +20,7 @@ __all__ = [
     "ArmSpec", "BurstTrigger", "ControllerSpec", "EmpiricalGapSpec", "EngineSpec", "ExperimentSpec",
     "ExponentialGapSpec", "ExtraSessionsTrigger", "FlushTrigger", "GapFallbackSpec", "HFDatasetSessionSpec",
     "HFSourceSpec", "LaunchedEngineSpec", "MixShiftTrigger", "OffloadSpec", "OpenAIEngineSpec",
-    "RateChangeTrigger", "RecordingSpec", "RetrySpec", "SGLangOptionsSpec", "SLOSpec", "SessionSpec",
+    "RateChangeTrigger", "RecordingSpec", "RetrySpec", "RouterSpec", "SGLangOptionsSpec", "SLOSpec", "SessionSpec",
     "SimEngineSpec", "SpecError", "SwebenchSessionSpec", "SyntheticSessionSpec", "TraceFileSessionSpec",
     "TraceLabSyntheticSessionSpec", "Trigger", "WorkloadSpec", "build_session_model", "check_spec_files",
     "load_spec", "normalize_endpoint_url", "parse_seeds", "parse_spec",

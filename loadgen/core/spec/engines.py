@@ -8,7 +8,9 @@ import urllib.parse
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_serializer, model_validator
+
+from routers import ROUTERS, make_router
 
 from ...sim.cost import PRESETS, StepCostModel
 from ...sim.offload import (DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_KV_LAYERS, DEFAULT_LATENCY_S, DEFAULT_VLLM_VERSION,
@@ -69,6 +71,30 @@ class OffloadSpec(_Model):
             copy_piece_bytes(self.vllm_version, block_size, self.kv_bytes_per_token, self.kv_layers))
 
 
+class RouterSpec(_Model):
+    """The router in front of a deployment's replicas: ``{policy: NAME, ...its knobs}``
+    (docs/deployments.md); knobs left out take the real router's shipped defaults."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    policy: str = Field(..., description="Router: " + ", ".join(ROUTERS))
+
+    @field_validator("policy")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in ROUTERS:
+            raise ValueError(f"unknown router {value!r}; valid routers: {list(ROUTERS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _knobs_make_a_router(self) -> "RouterSpec":
+        make_router(self.policy, **self.knobs)  # names the router and its valid knobs
+        return self
+
+    @property
+    def knobs(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
 class SimEngineSpec(_Model):
     kind: Literal["sim"] = "sim"
     flavor: Literal["vllm", "sglang"] = Field(
@@ -89,6 +115,23 @@ class SimEngineSpec(_Model):
         description="Step-cost model: a preset name, a path to a cost.json, or the constants inline.")
     offload: Optional[OffloadSpec] = Field(
         None, description="A CPU KV offload tier (flavor vllm), e.g. {cpu_tokens: 900000}; default: none.")
+    # added with deployments (docs/deployments.md)
+    replicas: int = Field(1, ge=1, description="Engines of this kind behind a router (a deployment); each has "
+                                               "the whole pool, cost model and flavour above.")
+    router: Optional[RouterSpec] = Field(None, description="The router in front of the replicas (replicas > 1), "
+                                                           "e.g. {policy: cache_aware, cache_threshold: 0.5}.")
+
+    @model_serializer(mode="wrap")
+    def _without_default_deployment(self, handler):
+        # one engine writes the spec it wrote before deployments existed (run.json, spec.yaml):
+        # results of the same spec stay the same spec, and --resume keeps them
+        data = handler(self)
+        if isinstance(data, dict):
+            if self.replicas == 1:
+                data.pop("replicas", None)
+            if self.router is None:
+                data.pop("router", None)
+        return data
 
     @field_validator("cost_model")
     @classmethod
@@ -110,6 +153,11 @@ class SimEngineSpec(_Model):
         # A resolved spec (DIR/spec.yaml, run.json) writes the default block out; only settings count.
         if self.flavor != "sglang" and self.sglang != SGLangOptionsSpec():
             raise ValueError("engine.sglang applies to flavor sglang only")
+        if self.replicas > 1 and self.router is None:
+            raise ValueError(f"router: {self.replicas} replicas need a router, e.g. router: {{policy: round_robin}}; "
+                             f"valid routers: {list(ROUTERS)}")
+        if self.replicas == 1 and self.router is not None:
+            raise ValueError("router: a router needs replicas > 1 (one engine has nothing to route between)")
         if self.offload is not None:
             if self.flavor != "vllm":
                 raise ValueError("offload: the CPU offload tier models vLLM's OffloadingConnector (flavor vllm)")
@@ -176,6 +224,9 @@ class OpenAIEngineSpec(_Model):
     session_header: Optional[str] = Field(None, description=(
         "An HTTP header carrying each session's id (RUN_ID/SESSION_ID, the same on every turn), e.g. "
         "X-Session-ID, so a router (llm-d, SGLang router, Dynamo) keeps a session on one replica."))
+    replica_header: Optional[str] = Field(None, description=(
+        "A response header the router sets naming the replica that served a request (serve-sim --replicas: "
+        "X-Loadgen-Replica): recorded per turn in turns.parquet replica (docs/deployments.md#serve-sim-deployments)."))
     metrics_urls: Optional[list[str]] = Field(None, description=(
         "The base URLs of the replicas behind url (a router): /metrics is scraped from each and summed into "
         "samples.parquet (each replica's in replica_samples.parquet), their pools summed into C, and "
@@ -186,7 +237,7 @@ class OpenAIEngineSpec(_Model):
     def _base_url(cls, value: Any) -> Any:
         return normalize_endpoint_url(value) if isinstance(value, str) else value
 
-    @field_validator("session_header")
+    @field_validator("session_header", "replica_header")
     @classmethod
     def _header_name(cls, value: Optional[str]) -> Optional[str]:
         if value is not None and not _HTTP_TOKEN.fullmatch(value):
@@ -290,6 +341,16 @@ class LaunchedEngineSpec(_Model):
         "A tokenizer.json or a model directory holding one (and its chat template), readable on every node: "
         "counts the text prompts of api chat; default: the server's /tokenize. serve_sim serves with it too. "
         "A relative path is relative to the spec's directory."))
+
+    @field_validator("simulator")
+    @classmethod
+    def _one_engine(cls, value: SimEngineSpec) -> SimEngineSpec:
+        # docs/deployments.md#real-engines-what-is-not-done: a sweep launches one server per run
+        if value.replicas > 1:
+            raise ValueError("replicas: loadgen sweep launches one serve-sim engine per run; for a deployment, run "
+                             "`loadgen serve-sim --replicas N --router NAME` and a spec with engine kind openai "
+                             "and metrics_urls (docs/deployments.md#serve-sim-deployments)")
+        return value
 
     @field_validator("tokenizer")
     @classmethod

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import (Field, ValidationError, field_validator, model_validator)
+from pydantic import (Field, ValidationError, field_validator, model_serializer, model_validator)
 
 from controllers import POLICIES, make_policy
 
@@ -23,6 +23,17 @@ class ControllerSpec(_Model):
     name: str = Field("none", description="Gateway limit: " + ", ".join(sorted(POLICIES)))
     params: dict[str, Any] = Field(default_factory=dict, description="Constants of the limit (documented defaults).")
     start_s: float = Field(0.0, ge=0, description="Control is switched on here; before it the gate is 'none'.")
+    # added with deployments (docs/deployments.md#controllers-at-the-deployment)
+    scope: Literal["deployment", "replica"] = Field(
+        "deployment", description="deployment: one gate over the sum of the replicas' pools; replica: a gate per "
+                                  "replica over its own pool, asked after routing (engine.replicas > 1).")
+
+    @model_serializer(mode="wrap")
+    def _without_default_scope(self, handler):
+        data = handler(self)  # written as before deployments existed unless set (run.json, spec.yaml)
+        if isinstance(data, dict) and self.scope == "deployment":
+            data.pop("scope", None)
+        return data
 
     @field_validator("name")
     @classmethod
@@ -148,6 +159,15 @@ class ExperimentSpec(_Model):
             ctl = self.controller_for(arm)
             if ctl.start_s > self.duration_s:
                 raise ValueError(f"arms[{i}].controller.start_s={ctl.start_s:g} is after the run ends")
+            engine = self._engine_or_none(arm)
+            if ctl.name == "thunderagent" and (not isinstance(self.engine, SimEngineSpec) or ctl.scope != "deployment"):
+                where = f"arms[{i}].controller" if arm.controller is not None else "controller"
+                raise ValueError(f"{where}.name: thunderagent runs on the simulated engine (kind sim) with scope "
+                                 "deployment: it keeps its own table of every worker's programs")
+            if ctl.scope == "replica" and engine is not None and getattr(engine, "replicas", 1) == 1:
+                where = f"arms[{i}].controller" if arm.controller is not None else "controller"
+                raise ValueError(f"{where}.scope: replica needs a deployment (engine.replicas > 1); one engine's "
+                                 "gate is scope deployment")
             if arm.engine is not None:
                 if not isinstance(self.engine, SimEngineSpec):
                     raise ValueError(f"arms[{i}].engine: per-arm engine fields apply to the simulated engine "
@@ -172,6 +192,12 @@ class ExperimentSpec(_Model):
                     raise ValueError(f"engine.pool_tokens={self.engine.pool_tokens} is smaller than one "
                                      f"session's context ({need} tokens)")
         return self
+
+    def _engine_or_none(self, arm: ArmSpec):
+        try:
+            return self.engine_for(arm)
+        except ValidationError:
+            return None  # reported below with the arm's engine fields
 
     def controller_for(self, arm: ArmSpec) -> ControllerSpec:
         return arm.controller or self.controller
