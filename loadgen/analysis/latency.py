@@ -5,7 +5,7 @@ Per successful turn (turns.parquet, docs/results-format.md#latency):
 - ``ttft_s``: first_token_s - ready_s, the wait the agent sees from wanting the turn to its
   first token, gateway wait included (the engine's own share is ttft_s - gateway_wait_s);
 - ``itl_s``: itl_mean_s, the mean gap between consecutive tokens of the turn (NaN for a
-  one-token output; live: streamed chunks, simulated: the engine's step times);
+  one-token output; live: per streamed token, simulated: the engine's step times);
 - ``turn_s``: finish_s - ready_s, the end-to-end turn latency;
 - ``gateway_wait_s``: admit_s - ready_s.
 

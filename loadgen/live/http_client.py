@@ -239,6 +239,10 @@ def _until_done(events: list[bytes]) -> list[bytes]:
     return events
 
 
+class StreamError(Exception):
+    """The stream said the request failed (an error event, or an event that is not one)."""
+
+
 class PreflightError(RuntimeError):
     """The endpoint cannot run this experiment; the message says what to change."""
 
@@ -336,6 +340,7 @@ class OpenAIEngineClient:
         output_ids: list[int] = []
         texts: list[str] = []
         usage = meta_info = None
+        streamed_tokens = 0
         headers = self._headers
         if request.shared_prefix_tokens:
             # a hint only our own serve-sim reads; real servers ignore unknown headers
@@ -353,7 +358,6 @@ class OpenAIEngineClient:
             async for batch in self.transport.stream_lines(self.base + self._path, body, headers,
                                                            self.options.request_timeout_s):
                 now = clock.now()
-                got_tokens = False
                 # one JSON parse per network read (the batch's events as one array), not per event
                 events = [line[5:] for line in batch if line[:5] == b"data:"]
                 if not events:
@@ -364,9 +368,16 @@ class OpenAIEngineClient:
                     if not events:
                         continue
                     joined = b",".join(events)
+                num_tokens = 0
                 for chunk in orjson.loads(b"[" + joined + b"]"):
-                    if chunk.get("error"):
-                        raise HttpStatusError(int(chunk["error"].get("code") or 500), str(chunk["error"]))
+                    if not isinstance(chunk, dict):
+                        raise StreamError(f"an event that is not a JSON object: {str(chunk)[:200]}")
+                    error = chunk.get("error")
+                    if error:
+                        if not isinstance(error, dict):  # some servers send {"error": "..."}
+                            raise StreamError(f"the server streamed an error: {str(error)[:300]}")
+                        raise HttpStatusError(int(error.get("code") or 500), str(error))
+                    event_tokens = 0
                     for choice in chunk.get("choices") or ():
                         ids = choice.get("token_ids")
                         # completions stream "text"; chat streams "delta": {"content": ...}
@@ -375,20 +386,30 @@ class OpenAIEngineClient:
                             texts.append(text)
                         if ids:
                             output_ids.extend(ids)
-                            got_tokens = True
+                            event_tokens += len(ids)
                         elif text:
-                            got_tokens = True
+                            event_tokens += 1
                     if chunk.get("usage"):
                         usage = chunk["usage"]
+                        # a usage streamed with every event (continuous usage stats) counts its tokens
+                        counted = usage.get("completion_tokens")
+                        if event_tokens and isinstance(counted, int) and counted > streamed_tokens + num_tokens:
+                            event_tokens = counted - streamed_tokens - num_tokens
                     if chunk.get("meta_info"):
                         meta_info = chunk["meta_info"]
-                if got_tokens:
+                    num_tokens += event_tokens
+                if num_tokens:
+                    # per token, not per read: a read that brought n tokens since the last one
+                    # spreads its gap over them (reads coalesce when the driver is busy); the first
+                    # read's tokens arrived together, their spacing unseen
                     if math.isnan(first):
                         first = now
                     else:
-                        gaps.append(now - last)
+                        gap = (now - last) / num_tokens
+                        gaps.extend((gap,) * num_tokens)
+                    streamed_tokens += num_tokens
                     last = now
-        except (TransportError, HttpStatusError, orjson.JSONDecodeError, ValueError) as exc:
+        except (TransportError, HttpStatusError, StreamError, orjson.JSONDecodeError, ValueError) as exc:
             return self._failed(request, submitted, first, f"{type(exc).__name__}: {exc}")
         finish = clock.now()
         if usage is None:
