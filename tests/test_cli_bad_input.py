@@ -113,9 +113,21 @@ def test_validate_reads_every_file_the_spec_names(tmp_path):
     _refused(_loadgen("validate", str(spec)), f"engine.cost_model: {tmp_path / 'cost.json'}: not a cost model")
     (tmp_path / "cost.json").write_text('{"t0": 0.01}')
     _refused(_loadgen("validate", str(spec)), "engine.cost_model", "unknown cost-model fields ['t0']")
+    # a model names every coefficient: a missing one is not filled with a default
     (tmp_path / "cost.json").write_text(json.dumps({"t0_s": 0.01}))
+    _refused(_loadgen("validate", str(spec)), "engine.cost_model",
+             "missing cost-model coefficients ['a_s_per_token', 'b_s_per_token2', 'g_s_per_token']")
+    (tmp_path / "cost.json").write_text(json.dumps({"t0_s": 0.01, "a_s_per_token": "fast", "b_s_per_token2": 0,
+                                                    "g_s_per_token": -1}))
+    _refused(_loadgen("validate", str(spec)), "engine.cost_model", "a_s_per_token", "a finite number >= 0")
+    (tmp_path / "cost.json").write_text(json.dumps({"t0_s": 0.01, "a_s_per_token": 5e-5, "b_s_per_token2": 3e-9,
+                                                    "g_s_per_token": 5e-8}))
     proc = _loadgen("validate", str(spec))
     assert proc.returncode == 0 and "spec.yaml: ok" in proc.stdout, proc.stderr
+    inline = _spec_file(tmp_path, "inline.yaml", engine={"kind": "sim", "pool_tokens": 160_000,
+                                                          "cost_model": {"t0_s": 0.01, "a_s_per_token": 5e-5}})
+    _refused(_loadgen("validate", str(inline)), "cost_model",
+             "missing cost-model coefficients ['b_s_per_token2', 'g_s_per_token']")
 
     launched = _spec_file(tmp_path, "launched.yaml", engine={
         "kind": "serve_sim", "num_gpus": 0, "simulator": {"pool_tokens": 160_000, "cost_model": "missing.json"}})
