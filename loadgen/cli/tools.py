@@ -64,7 +64,7 @@ def _cmd_map(args: argparse.Namespace) -> int:
     except ValueError as exc:  # an unreadable outcome table
         raise SpecError(str(exc)) from None
     wall_s = epoch_s() - start_s
-    summary = summarize_map(job, grid, list(store.rows.values()), bounds)
+    summary = summarize_map(job, grid, store.map_rows(), bounds)
     write_map(out, summary)
     print(summary["report"], flush=True)
     num_ran = sum(ran.values())
