@@ -195,3 +195,53 @@ def test_no_subcommand_prints_a_traceback_for_a_users_mistake(tmp_path, name):
     proc = _loadgen(*args)
     assert proc.returncode == 2, (name, proc.stderr)
     assert "Traceback" not in proc.stderr and proc.stderr.strip(), (name, proc.stderr)
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("--repeats", "0", "--repeats must be >= 1"),
+    ("--max-num-batched-tokens", "0", "--max-num-batched-tokens must be >= 1"),
+    ("--max-num-batched-tokens", "-8", "--max-num-batched-tokens must be >= 1"),
+    ("--time-scale", "0", "--time-scale must be a number > 0"),
+    ("--time-scale", "nan", "--time-scale must be a number > 0"),
+    ("--tolerance", "-0.1", "--tolerance must be a number >= 0"),
+])
+def test_calibrate_refuses_its_bad_flags_before_it_measures_anything(tmp_path, flag, value, expected):
+    # no server listens there: the flag is checked before any request
+    proc = _loadgen("calibrate", "--endpoint", "http://127.0.0.1:9", "--out", str(tmp_path / "cost.json"),
+                    flag, value)
+    _refused(proc, expected)
+    assert not (tmp_path / "cost.json").exists()
+
+
+@pytest.fixture
+def html_server():
+    """A web server that answers every GET with an HTML page and 200 (not an API server)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"<!doctype html><html><body>Welcome to nginx!</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_endpoint_that_answers_html_is_named_with_what_came_back(tmp_path, html_server):
+    expected = f"{html_server}/v1/models answered HTTP 200 with text/HTML, not the JSON model list"
+    _refused(_loadgen("calibrate", "--endpoint", html_server, "--out", str(tmp_path / "cost.json")), expected,
+             "Welcome to nginx!")
+    proc = _loadgen("run", str(_spec_file(tmp_path)), "--endpoint", html_server, "--out", str(tmp_path / "res"),
+                    "--quiet")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and expected in proc.stderr, proc.stderr

@@ -517,14 +517,21 @@ class OpenAIEngineClient:
             raise PreflightError(f"{self.base}/v1/models failed: {exc}") from None
         except TransportError as exc:
             raise PreflightError(f"{self.base} is not reachable: {exc}") from None
-        served = [m.get("id") for m in (models or {}).get("data", [])]
+        listed = models.get("data") if isinstance(models, dict) else None
+        if not isinstance(listed, list) or not all(isinstance(m, dict) for m in listed):
+            what = ("text/HTML" if isinstance(models, str) and models.lstrip()[:1] == "<"
+                    else "text" if isinstance(models, str) else f"JSON {type(models).__name__}")
+            raise PreflightError(f"{self.base}/v1/models answered HTTP 200 with {what}, not the JSON model list "
+                                 f"of an OpenAI-compatible server ({{\"data\": [...]}}): is {self.base} the "
+                                 f"server's base URL? It answered: {str(models)[:200]!r}")
+        served = [m.get("id") for m in listed]
         if self.model is None:
             if not served:
                 raise PreflightError(f"{self.base}/v1/models lists no model")
             self.model = served[0]
         elif self.model not in served:
             raise PreflightError(f"model {self.model!r} is not served by {self.base}; it serves {served}")
-        for m in models.get("data", []):
+        for m in listed:
             if m.get("id") == self.model and m.get("max_model_len"):
                 self.max_model_len = int(m["max_model_len"])
         if self.max_model_len and needed_context_tokens > self.max_model_len:
