@@ -8,7 +8,7 @@ import pytest
 
 from loadgen.core.clock import WallClock
 from loadgen.core.engines import TurnRequest
-from loadgen.live.http_client import (EndpointOptions, MockResponse, MockTransport, OpenAIEngineClient, PreflightError,
+from loadgen.live.http_client import (FLUSH_RETRY_INTERVAL_S, EndpointOptions, MockResponse, MockTransport, OpenAIEngineClient, PreflightError,
                                  TransportError, parse_metrics)
 
 VLLM_METRICS = """\
@@ -208,10 +208,15 @@ def test_sglang_flush_is_retried_until_idle():
         return MockResponse(status=404)
 
     async def go():
-        client = await make_client(handler, server="sglang")()
-        return await client.flush_async()
+        # run time 100x the wall clock: the two refusals' waits take 10 ms
+        client = OpenAIEngineClient(WallClock(100.0), EndpointOptions(url="http://engine:8000", server="sglang"),
+                                    MockTransport(handler))
+        return client, await client.flush_async()
 
-    assert run(go()) >= 0 and state["n"] == 3
+    client, flushed_at_s = run(go())
+    # refused twice, FLUSH_RETRY_INTERVAL_S of run time apart, then done: the flush is when it happened
+    assert state["n"] == 3 and client.flush_times_s == [flushed_at_s]
+    assert 2 * FLUSH_RETRY_INTERVAL_S <= flushed_at_s < 2 * FLUSH_RETRY_INTERVAL_S + 0.5
 
 
 def test_vllm_metrics_are_parsed():
