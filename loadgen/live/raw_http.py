@@ -240,6 +240,8 @@ class RawHttpTransport:
         self._slots: Optional[asyncio.Semaphore] = None
         self._open: set[_Connection] = set()
         self._targets: dict[str, tuple[str, int, str, str]] = {}
+        self.num_closed_while_idle = 0  # connections the server closed in the pool (keep-alive timeouts)
+        self.num_resent = 0  # requests sent again on a fresh connection after a reused one closed unanswered
 
     def _target(self, url: str) -> tuple[str, int, str, str]:
         """(host, port, path, Host header) of an http:// URL, cached: sessions ask the same few."""
@@ -270,6 +272,8 @@ class RawHttpTransport:
 
     def _forget(self, conn: _Connection) -> None:
         """Drop a connection the server closed while it was idle (a keep-alive timeout)."""
+        if conn in self._open:
+            self.num_closed_while_idle += 1
         self._open.discard(conn)
         for idle in self._idle.values():
             if conn in idle:
@@ -351,6 +355,7 @@ class RawHttpTransport:
             self._done_with(conn, key, timer)
             if not unanswered:
                 raise
+        self.num_resent += 1
         left_s = timeout_s - (asyncio.get_running_loop().time() - started)
         if left_s <= 0:
             raise TransportError(f"timeout after {timeout_s:g} s")
