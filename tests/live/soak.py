@@ -94,6 +94,7 @@ def soak(url: str, duration_s: float, out_dir: Path, think_time_mean_s: float = 
     finally:
         stop.set()
         watcher.join()
+    sockets_after_run = _sockets_to(port)  # the run over, its client closed: none left open
     run_dir = Path(out_dir) / "runs" / "base-s1"
     turns = pq.read_table(run_dir / "turns.parquet")
     sessions = pq.read_table(run_dir / "sessions.parquet").to_pylist()
@@ -117,7 +118,7 @@ def soak(url: str, duration_s: float, out_dir: Path, think_time_mean_s: float = 
         "peak_requests_in_flight": _peak_in_flight(rows),
         "pool_connections_max": max((w[1] for w in watched), default=0),
         "sockets_max": max((w[2] for w in watched), default=0),
-        "sockets_at_end": watched[-1][2] if watched else 0,
+        "sockets_after_run": sockets_after_run,
         "closed_by_server_while_idle": transport.num_closed_while_idle, "resent_on_fresh_connection": transport.num_resent,
         "rss_mb_after_first_third": rss[third - 1] / 2**20 if rss else None,
         "rss_mb_max_after_first_third": max(rss[third - 1:]) / 2**20 if rss else None,
@@ -143,7 +144,14 @@ def describe(figures: dict) -> str:
             f"{f['think_gaps_over_keep_alive']}/{f['think_gaps']} think gaps over the {VLLM_KEEP_ALIVE_S:g} s keep-alive, "
             f"{f['closed_by_server_while_idle']} connections closed by the server while idle, "
             f"{f['resent_on_fresh_connection']} requests resent; connections max {f['pool_connections_max']} "
-            f"(sockets {f['sockets_max']}, at end {f['sockets_at_end']}) for a peak of {f['peak_requests_in_flight']} "
+            f"(sockets {f['sockets_max']}, {f['sockets_after_run']} after the run) for a peak of {f['peak_requests_in_flight']} "
             f"requests in flight; RSS {f['rss_mb_after_first_third']:.1f} MB after the first third, max "
             f"{f['rss_mb_max_after_first_third']:.1f} MB after it, {f['rss_mb_at_end']:.1f} MB at the end; "
-            f"lagging {f['lagging']} (lateness p99 {f['lag'].get('p99_s') if isinstance(f['lag'], dict) else None})")
+            f"lagging {f['lagging']} ({_lateness(f['lag'])})")
+
+
+def _lateness(lag) -> str:
+    if not isinstance(lag, dict) or lag.get("p99_s") is None:
+        return "no lateness measured"
+    return (f"the {lag['source']}'s timers p99 {lag['p99_s'] * 1000:.1f} ms late, bound {lag['bound_s'] * 1000:.1f} ms "
+            f"= 5% of the median turn {lag['median_turn_s']:.3f} s")
