@@ -48,10 +48,9 @@ def start_server(cmd: list[str], url: str, timeout_s: float = 30.0, path: str = 
     return proc
 
 
-class ThreadedProxy:
-    """An aiohttp server on its own thread and event loop that forwards requests, streamed, to an
-    upstream. Subclasses decide per request in ``route``: return the upstream base URL to forward
-    to, or a response to answer with themselves. ``close()`` stops it."""
+class _OwnLoopServer:
+    """A server on a free loopback port, served by ``_run`` on its own thread and event loop;
+    ``_run`` sets ``_ready`` once it listens."""
 
     def __init__(self) -> None:
         self.port = free_port()
@@ -60,6 +59,15 @@ class ThreadedProxy:
         self._ready = threading.Event()
         threading.Thread(target=self._run, daemon=True).start()
         assert self._ready.wait(10), "the proxy did not start"
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class ThreadedProxy(_OwnLoopServer):
+    """An aiohttp server on its own thread and event loop that forwards requests, streamed, to an
+    upstream. Subclasses decide per request in ``route``: return the upstream base URL to forward
+    to, or a response to answer with themselves. ``close()`` stops it."""
 
     async def route(self, request):
         raise NotImplementedError
@@ -105,7 +113,7 @@ class ThreadedProxy:
         self._loop.call_soon_threadsafe(self._loop.stop)
 
 
-class FaultInjectingProxy:
+class FaultInjectingProxy(_OwnLoopServer):
     """A raw HTTP/1.1 proxy on its own thread and event loop that does to responses what real
     servers and proxies do, one fault per request as ``fault_for(path, n)`` says (n counts the
     requests to that path, from 1; None: no fault). It forwards each request to ``upstream``,
@@ -134,12 +142,7 @@ class FaultInjectingProxy:
         self.faults: list[tuple[str, int, str]] = []  # (path, n, fault) as injected
         self.num_connections = 0
         self.num_idle_closes = 0
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        threading.Thread(target=self._run, daemon=True).start()
-        assert self._ready.wait(10), "the proxy did not start"
+        super().__init__()
 
     def _run(self) -> None:
         async def main() -> None:

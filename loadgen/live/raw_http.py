@@ -272,8 +272,9 @@ class RawHttpTransport:
 
     def _forget(self, conn: _Connection) -> None:
         """Drop a connection the server closed while it was idle (a keep-alive timeout)."""
-        if conn in self._open:
-            self.num_closed_while_idle += 1
+        if conn not in self._open:  # released and closed already (not pooled)
+            return
+        self.num_closed_while_idle += 1
         self._open.discard(conn)
         for idle in self._idle.values():
             if conn in idle:
@@ -350,8 +351,9 @@ class RawHttpTransport:
             while not conn.head_done:
                 await conn.wait()
             return conn, key, timer
-        except TransportError:
-            unanswered = conn.reused and conn.num_received_bytes == 0 and conn.closed and not conn.timed_out
+        except BaseException as exc:  # cancelled too: the connection and its slot are given back
+            unanswered = (isinstance(exc, TransportError) and conn.reused and conn.num_received_bytes == 0
+                          and conn.closed and not conn.timed_out)
             self._done_with(conn, key, timer)
             if not unanswered:
                 raise

@@ -29,14 +29,15 @@ VLLM_KEEP_ALIVE_S = 5.0
 
 
 def soak_spec(url: str, duration_s: float, think_time_mean_s: float = 15.0):
-    """Sessions of 6 turns whose think times (exponential) mostly exceed the keep-alive."""
+    """Sessions of 6 turns of 96 output tokens (turns of a few hundred ms on the tiny CPU
+    model) whose think times (exponential) mostly exceed the keep-alive."""
     return parse_spec({
         "experiment": "soak", "duration_s": duration_s, "seeds": [1],
         "engine": {"kind": "openai", "url": url, "request_timeout_s": 120.0,
                    "retry": {"max_attempts": 3, "backoff_s": 1.0}},
         "workload": {"arrival_rate_per_s": 0.15, "sessions": {
             "kind": "synthetic", "num_turns": 6, "system_prompt_tokens": 1024, "task_tokens": 1024,
-            "output_tokens": 16, "tool_tokens": 256, "think_time_mean_s": think_time_mean_s}},
+            "output_tokens": 96, "tool_tokens": 256, "think_time_mean_s": think_time_mean_s}},
         "arms": [{"name": "base"}],
     })
 
