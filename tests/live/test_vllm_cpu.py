@@ -201,9 +201,9 @@ def test_a_soak_past_the_servers_keep_alive_loses_no_turn_and_holds_connections_
     """A closed loop whose think times mostly exceed uvicorn's 5 s keep-alive, so vLLM closes
     idle connections under the driver all run long: no turn is lost, failed or truncated, the
     pool never holds more connections than requests were in flight, no socket is left behind,
-    memory stays flat and the driver keeps time (tests/live/soak.py; the 10-minute run is in
-    benchmarks/README.md)."""
-    from tests.live.soak import describe, soak
+    memory stays flat and the driver's timers keep within a tenth of the keep-alive
+    (tests/live/soak.py; the 10-minute run is in benchmarks/README.md)."""
+    from tests.live.soak import SOAK_LATENESS_BOUND_S, describe, soak
 
     f = soak(vllm_url, 150.0, tmp_path)
     print(describe(f))
@@ -215,4 +215,4 @@ def test_a_soak_past_the_servers_keep_alive_loses_no_turn_and_holds_connections_
     assert f["pool_connections_max"] <= f["peak_requests_in_flight"] + 1  # + the /metrics scrape
     assert f["sockets_max"] <= f["peak_requests_in_flight"] + 1 and f["sockets_after_run"] == 0
     assert f["rss_mb_max_after_first_third"] - f["rss_mb_after_first_third"] < 32
-    assert not f["lagging"], f["lag"]
+    assert f["lag"]["driver"]["p99_s"] < SOAK_LATENESS_BOUND_S, f["lag"]
