@@ -53,11 +53,14 @@ def attempt_outcome(turns: pa.Table) -> dict:
         return {"turn_attempts": num_rows, "turns_retried": 0, "retries_per_turn_mean": 0.0 if num_rows else None,
                 "retries_per_turn_max": 0, "turns_failed": sum(failed_attempts.values()), "turns_truncated": 0,
                 "failed_attempts_by_cause": dict(failed_attempts), "failed_turns_by_cause": dict(failed_attempts)}
-    turn = turn_of_row(turns)
-    num_turns = int(turn.max()) + 1
-    attempts = np.bincount(turn, minlength=num_turns)
-    last_row = np.zeros(num_turns, dtype=np.int64)
-    last_row[turn] = np.arange(num_rows)  # rows are written in order: a turn's last row is its last attempt
+    if not failed_attempts:  # no failure, no retry: every row is a turn of one attempt
+        num_turns, attempts, last_row = num_rows, np.ones(num_rows, dtype=np.int64), np.arange(num_rows)
+    else:
+        turn = turn_of_row(turns)
+        num_turns = int(turn.max()) + 1
+        attempts = np.bincount(turn, minlength=num_turns)
+        last_row = np.zeros(num_turns, dtype=np.int64)
+        np.maximum.at(last_row, turn, np.arange(num_rows))  # rows are written in order: the last is the last attempt
     failed_turns = Counter(failure_cause(errors[i]) for i in last_row if errors[i])
     truncated = 0
     if "planned_output_tokens" in turns.column_names:
