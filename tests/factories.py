@@ -38,6 +38,9 @@ DOC_TURNS_SCHEMA = pa.schema(
         ("planned_prompt_tokens", pa.int64()),
         ("retokenization_drift_tokens", pa.int64()),
         ("cacheable_prefix_tokens", pa.int64()),
+        ("attempt", pa.int32()),
+        ("submitted_s", pa.float64()),
+        ("planned_output_tokens", pa.int64()),
     ]
 )
 
@@ -152,6 +155,9 @@ def _full_turn(row: Mapping[str, Any], index: int, run_id: str, arm: str, seed: 
         "num_preemptions": 0,
         "error": None,
         "cacheable_prefix_tokens": None,
+        "attempt": 1,
+        "submitted_s": ready_s,
+        "planned_output_tokens": 100,
     }
     full.update(row)
     return full

@@ -117,6 +117,9 @@ def test_last_10min_figures(tmp_path: Path) -> None:
         # prompt lengths against the plan, re-tokenization drift (added with chat prompts)
         "prompt_tokens_off_plan_turns", "prompt_tokens_off_plan_max", "retokenization_drift_turns",
         "retokenization_drift_tokens_total", "retokenization_drift_unknown_turns",
+        # turns retried, failed and cut short, by cause (added with retried turns' latency)
+        "turn_attempts", "turns_retried", "retries_per_turn_mean", "retries_per_turn_max", "turns_failed",
+        "turns_truncated", "failed_attempts_by_cause", "failed_turns_by_cause",
     }
     assert outcome["hit_ratio_last10min"] == pytest.approx((2700 + 100) / (3000 + 1000))
     # windows after te = 1200: six at 0.2, [3000, 3300) at 0.9, [3300, 3600) at 0.1

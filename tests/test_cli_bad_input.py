@@ -116,9 +116,21 @@ def test_validate_reads_every_file_the_spec_names(tmp_path):
     _refused(_loadgen("validate", str(spec)), f"engine.cost_model: {tmp_path / 'cost.json'}: not a cost model")
     (tmp_path / "cost.json").write_text('{"t0": 0.01}')
     _refused(_loadgen("validate", str(spec)), "engine.cost_model", "unknown cost-model fields ['t0']")
+    # a model names every coefficient: a missing one is not filled with a default
     (tmp_path / "cost.json").write_text(json.dumps({"t0_s": 0.01}))
+    _refused(_loadgen("validate", str(spec)), "engine.cost_model",
+             "missing cost-model coefficients ['a_s_per_token', 'b_s_per_token2', 'g_s_per_token']")
+    (tmp_path / "cost.json").write_text(json.dumps({"t0_s": 0.01, "a_s_per_token": "fast", "b_s_per_token2": 0,
+                                                    "g_s_per_token": -1}))
+    _refused(_loadgen("validate", str(spec)), "engine.cost_model", "a_s_per_token", "a finite number >= 0")
+    (tmp_path / "cost.json").write_text(json.dumps({"t0_s": 0.01, "a_s_per_token": 5e-5, "b_s_per_token2": 3e-9,
+                                                    "g_s_per_token": 5e-8}))
     proc = _loadgen("validate", str(spec))
     assert proc.returncode == 0 and "spec.yaml: ok" in proc.stdout, proc.stderr
+    inline = _spec_file(tmp_path, "inline.yaml", engine={"kind": "sim", "pool_tokens": 160_000,
+                                                          "cost_model": {"t0_s": 0.01, "a_s_per_token": 5e-5}})
+    _refused(_loadgen("validate", str(inline)), "cost_model",
+             "missing cost-model coefficients ['b_s_per_token2', 'g_s_per_token']")
 
     launched = _spec_file(tmp_path, "launched.yaml", engine={
         "kind": "serve_sim", "num_gpus": 0, "simulator": {"pool_tokens": 160_000, "cost_model": "missing.json"}})
@@ -186,3 +198,53 @@ def test_no_subcommand_prints_a_traceback_for_a_users_mistake(tmp_path, name):
     proc = _loadgen(*args)
     assert proc.returncode == 2, (name, proc.stderr)
     assert "Traceback" not in proc.stderr and proc.stderr.strip(), (name, proc.stderr)
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("--repeats", "0", "--repeats must be >= 1"),
+    ("--max-num-batched-tokens", "0", "--max-num-batched-tokens must be >= 1"),
+    ("--max-num-batched-tokens", "-8", "--max-num-batched-tokens must be >= 1"),
+    ("--time-scale", "0", "--time-scale must be a number > 0"),
+    ("--time-scale", "nan", "--time-scale must be a number > 0"),
+    ("--tolerance", "-0.1", "--tolerance must be a number >= 0"),
+])
+def test_calibrate_refuses_its_bad_flags_before_it_measures_anything(tmp_path, flag, value, expected):
+    # no server listens there: the flag is checked before any request
+    proc = _loadgen("calibrate", "--endpoint", "http://127.0.0.1:9", "--out", str(tmp_path / "cost.json"),
+                    flag, value)
+    _refused(proc, expected)
+    assert not (tmp_path / "cost.json").exists()
+
+
+@pytest.fixture
+def html_server():
+    """A web server that answers every GET with an HTML page and 200 (not an API server)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"<!doctype html><html><body>Welcome to nginx!</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_endpoint_that_answers_html_is_named_with_what_came_back(tmp_path, html_server):
+    expected = f"{html_server}/v1/models answered HTTP 200 with text/HTML, not the JSON model list"
+    _refused(_loadgen("calibrate", "--endpoint", html_server, "--out", str(tmp_path / "cost.json")), expected,
+             "Welcome to nginx!")
+    proc = _loadgen("run", str(_spec_file(tmp_path)), "--endpoint", html_server, "--out", str(tmp_path / "res"),
+                    "--quiet")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and expected in proc.stderr, proc.stderr

@@ -8,7 +8,7 @@ import pytest
 
 from loadgen.core.clock import WallClock
 from loadgen.core.engines import TurnRequest
-from loadgen.live.http_client import (EndpointOptions, MockResponse, MockTransport, OpenAIEngineClient, PreflightError,
+from loadgen.live.http_client import (FLUSH_RETRY_INTERVAL_S, EndpointOptions, MockResponse, MockTransport, OpenAIEngineClient, PreflightError,
                                  TransportError, parse_metrics)
 
 VLLM_METRICS = """\
@@ -208,10 +208,15 @@ def test_sglang_flush_is_retried_until_idle():
         return MockResponse(status=404)
 
     async def go():
-        client = await make_client(handler, server="sglang")()
-        return await client.flush_async()
+        # run time 100x the wall clock: the two refusals' waits take 10 ms
+        client = OpenAIEngineClient(WallClock(100.0), EndpointOptions(url="http://engine:8000", server="sglang"),
+                                    MockTransport(handler))
+        return client, await client.flush_async()
 
-    assert run(go()) >= 0 and state["n"] == 3
+    client, flushed_at_s = run(go())
+    # refused twice, FLUSH_RETRY_INTERVAL_S of run time apart, then done: the flush is when it happened
+    assert state["n"] == 3 and client.flush_times_s == [flushed_at_s]
+    assert 2 * FLUSH_RETRY_INTERVAL_S <= flushed_at_s < 2 * FLUSH_RETRY_INTERVAL_S + 0.5
 
 
 def test_vllm_metrics_are_parsed():
@@ -281,3 +286,77 @@ def test_sglang_pool_comes_from_get_server_info_when_metrics_lack_it():
 
     info = run(go())
     assert info["server"] == "sglang" and info["pool_tokens"] == 123456
+
+
+class ScriptedStream:
+    """A transport double that hands over SSE lines in the given batches (one batch per network
+    read), each at its own time on a virtual clock: how reads coalesce under a busy driver."""
+
+    def __init__(self, clock, batches) -> None:
+        self.clock = clock
+        self.batches = batches  # [(at_s, [line, ...]), ...]
+
+    async def stream_lines(self, url, body, headers, timeout_s):
+        for at_s, lines in self.batches:
+            await self.clock.sleep(at_s - self.clock.now())
+            yield lines
+
+    async def close(self):
+        pass
+
+
+def generate_on_virtual_clock(batches, api="completions", max_tokens=12):
+    from loadgen.core.clock import VirtualClock
+
+    clock = VirtualClock()
+    client = OpenAIEngineClient(clock, EndpointOptions(url="http://engine:8000", model="m", api=api),
+                                ScriptedStream(clock, batches))
+    task = clock.spawn(client.generate(TurnRequest(1, 0, 3, max_tokens, token_ids=[1, 2, 3])))
+    clock.run()
+    return task.result()
+
+
+def test_inter_token_gaps_are_per_token_when_reads_carry_several_events():
+    """12 single-token events, two per network read, 92 ms apart (a token every 46 ms): the
+    per-token gaps are 46 ms, not one 92 ms gap per read."""
+    lines = completion_stream(list(range(100, 112)), 3)  # 12 token events, the usage event, [DONE]
+    batches = [(0.5 + 0.092 * k, lines[2 * k:2 * k + 2]) for k in range(6)] + [(1.0, lines[12:])]
+    result = generate_on_virtual_clock(batches)
+    assert result.error is None and result.output_tokens == 12 and result.first_token_s == pytest.approx(0.5)
+    assert len(result.inter_token_gaps_s) == 10  # the tokens after the first read
+    assert sum(result.inter_token_gaps_s) / 10 == pytest.approx(0.046)
+
+
+def test_an_event_of_several_tokens_counts_each_of_them():
+    """An event's token count is its token ids, else the growth of a streamed usage's
+    completion_tokens (chat deltas without ids), else one."""
+    with_ids = sse(*[{"choices": [{"index": 0, "text": "xyz", "token_ids": [3 * k, 3 * k + 1, 3 * k + 2]}]}
+                     for k in range(4)], {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 12}})
+    by_usage = sse(*[{"choices": [{"index": 0, "delta": {"content": "xyz"}}],
+                      "usage": {"prompt_tokens": 3, "completion_tokens": 3 * (k + 1)}} for k in range(4)],
+                   {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 12}})
+    for lines, api in ((with_ids, "completions"), (by_usage, "chat")):
+        batches = [(0.1 * (k + 1), [line]) for k, line in enumerate(lines)]
+        result = generate_on_virtual_clock(batches, api=api)
+        assert result.error is None and result.output_tokens == 12
+        # 3 events after the first, 3 tokens each, 0.1 s apart
+        assert result.inter_token_gaps_s == pytest.approx((0.1 / 3,) * 9)
+
+
+@pytest.mark.parametrize("event", [{"error": "engine overloaded"}, {"error": {"message": "boom", "code": 503}},
+                                   ["not", "an", "object"]])
+def test_an_error_event_in_the_stream_is_a_failed_turn_that_is_retried(event):
+    """Some servers stream ``{"error": "..."}`` (a string) rather than an error object: either
+    ends the turn as a recorded failure the session retries, never an exception out of it."""
+    from loadgen.core.session import RetryPolicy
+
+    handler = lambda m, p, b: MockResponse(lines=completion_stream([7], 3)[:1] + sse(event))
+
+    async def go():
+        client = await make_client(handler, model="m")()
+        return await client.generate(TurnRequest(1, 0, 3, 2, token_ids=[1, 2, 3]))
+
+    result = run(go())
+    assert result.error is not None and result.output_tokens == 0
+    assert ("engine overloaded" in result.error or "boom" in result.error or "not a JSON object" in result.error)
+    assert RetryPolicy(max_attempts=3).should_retry(1, result.error)

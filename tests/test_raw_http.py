@@ -2,6 +2,8 @@
 batched SSE parse and the incrementally encoded token-id prompts, each against what it replaces."""
 
 import asyncio
+import socket
+import struct
 
 import numpy as np
 import orjson
@@ -54,6 +56,8 @@ class ScriptedServer:
                               if line.lower().startswith(b"content-length")][0])
                 self.requests.append(head + await reader.readexactly(length))
                 reply, writes, then = self.replies.pop(0)
+                if reply is None:  # the request read, nothing answered: the server closed the connection
+                    break
                 pos = 0
                 for size in writes + [len(reply)]:
                     writer.write(reply[pos:pos + size])
@@ -62,8 +66,16 @@ class ScriptedServer:
                     pos += size
                 if then == "close":
                     break
+                if then == "reset":  # an RST, not a FIN: the connection was cut, not ended
+                    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                                               struct.pack("ii", 1, 0))
+                    writer.transport.abort()
+                    break
                 if then == "hang":
                     await asyncio.sleep(3600)
+                if isinstance(then, float):  # a keep-alive timeout: idle this long, then closed
+                    await asyncio.sleep(then)
+                    break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
@@ -224,3 +236,118 @@ def test_token_ids_json_is_the_whole_lists_encoding_as_it_grows():
     del ids[10:]  # shrunk (sessions never do): encoded afresh
     assert ids.json() == orjson.dumps(list(ids))
     assert TokenIds().json() == b"[]"
+
+
+def run_against(replies, requests):
+    """``requests(transport, url)`` against a ScriptedServer of ``replies``; returns the server."""
+    async def main():
+        server = ScriptedServer(replies)
+        url = await server.start()
+        transport = RawHttpTransport()
+        try:
+            await requests(transport, url)
+        finally:
+            await transport.close()
+            await server.close()
+        return server
+
+    return asyncio.run(main())
+
+
+def test_interim_1xx_responses_are_skipped_and_the_next_request_gets_its_own_response():
+    """RFC 9110 15.2: a client must accept any 1xx before the final response. Taking a 100 or 103
+    as the answer would hand the next request on the connection the previous response's body."""
+    interim = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n"
+
+    async def requests(transport, url):
+        assert await transport.request("GET", url + "/v1/models", None, {}, 5.0) == (200, b"first")
+        assert await lines_of(transport, url) == EXPECTED_LINES
+        assert await transport.request("GET", url + "/v1/models", None, {}, 5.0) == (200, b"third")
+
+    server = run_against([(interim + response("200 OK", b"first"), [30, 5], "keep"),
+                          (b"HTTP/1.1 100 Continue\r\n\r\n" + chunked_response(SSE_BODY, [20]), [10], "keep"),
+                          (response("200 OK", b"third"), [], "keep")], requests)
+    assert server.connections == 1  # the interim responses did not cost the connection
+
+
+def test_a_reset_mid_body_of_a_read_until_close_response_is_an_error_not_a_short_body():
+    """Without Content-Length or chunking the body ends when the server closes; a reset (RST)
+    is not that end, it is a cut: the truncated body must not pass for the whole one."""
+    cut = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{"data":[{"id":"m"'
+
+    async def requests(transport, url):
+        with pytest.raises(TransportError, match="ServerDisconnectedError"):
+            await transport.request("GET", url + "/v1/models", None, {}, 5.0)
+
+    run_against([(cut, [], "reset")], requests)
+
+
+def test_a_clean_close_ends_a_read_until_close_body():
+    whole = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{"data":[]}'
+
+    async def requests(transport, url):
+        assert await transport.request("GET", url + "/v1/models", None, {}, 5.0) == (200, b'{"data":[]}')
+
+    run_against([(whole, [8], "close")], requests)
+
+
+def test_connections_the_server_closed_while_idle_leave_the_pool():
+    """A server with a short keep-alive timeout (uvicorn's is 5 s) closes every idle connection:
+    after many requests with think times between them, the pool holds none of those."""
+    async def requests(transport, url):
+        for i in range(12):
+            assert await transport.request("GET", url + "/health", None, {}, 5.0) == (200, b"ok")
+            await asyncio.sleep(0.06)  # past the server's 0.02 s keep-alive
+        assert transport.num_open_connections == 0
+
+    server = run_against([(response("200 OK", b"ok"), [], 0.02) for _ in range(12)], requests)
+    assert server.connections == 12
+
+
+@pytest.mark.parametrize("kind", ["request", "stream"])
+def test_a_reused_connection_closed_before_any_answer_is_retried_once_on_a_fresh_one(kind):
+    """The server closed the idle connection just as the request went out (nothing came back):
+    the request goes once more on a new connection, as HTTP clients do. A fresh connection that
+    closes unanswered is an error (no retry: the server really failed)."""
+    async def requests(transport, url):
+        assert await transport.request("GET", url + "/health", None, {}, 5.0) == (200, b"ok")
+        if kind == "request":
+            assert await transport.request("GET", url + "/health", None, {}, 5.0) == (200, b"again")
+        else:
+            assert await lines_of(transport, url) == EXPECTED_LINES
+        with pytest.raises(TransportError, match="ServerDisconnectedError"):
+            await transport.request("GET", url + "/health", None, {}, 5.0)
+
+    again = response("200 OK", b"again") if kind == "request" else chunked_response(SSE_BODY, [7])
+    server = run_against([(response("200 OK", b"ok"), [], "keep"), (None, [], "close"),
+                          (again, [], "close"), (None, [], "close")], requests)
+    assert server.connections == 3 and len(server.requests) == 4
+
+
+def test_a_request_that_got_part_of_an_answer_is_not_retried():
+    """Bytes came back, then the cut: the server acted on the request, so it is an error, not a retry."""
+    async def requests(transport, url):
+        assert await transport.request("GET", url + "/health", None, {}, 5.0) == (200, b"ok")
+        with pytest.raises(TransportError, match="ServerDisconnectedError"):
+            await transport.request("GET", url + "/health", None, {}, 5.0)
+
+    server = run_against([(response("200 OK", b"ok"), [], "keep"),
+                          (response("200 OK", b"partial")[:-3], [], "close"),
+                          (response("200 OK", b"never"), [], "keep")], requests)
+    assert len(server.requests) == 2
+
+
+def test_chunk_extensions_and_trailers_are_not_part_of_the_body():
+    """RFC 9112 7.1: a chunk size may carry ``;name=value`` extensions and the last chunk
+    trailer fields; neither is body."""
+    pieces = [SSE_BODY[:50], SSE_BODY[50:51], SSE_BODY[51:]]
+    body = b"".join(b"%x;ext=%d;q=\"a;b\"\r\n" % (len(p), i) + p + b"\r\n" for i, p in enumerate(pieces))
+    reply = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n" + body
+             + b"0;last\r\nX-Checksum: abc\r\nX-More: 1\r\n\r\n")
+
+    async def requests(transport, url):
+        assert await lines_of(transport, url) == EXPECTED_LINES
+        assert await transport.request("GET", url + "/health", None, {}, 5.0) == (200, b"next")
+
+    server = run_against([(reply, [3, 60, 1, 1, 20], "keep"), (response("200 OK", b"next"), [], "keep")], requests)
+    assert server.connections == 1

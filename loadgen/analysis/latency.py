@@ -3,9 +3,10 @@
 Per successful turn (turns.parquet, docs/results-format.md#latency):
 
 - ``ttft_s``: first_token_s - ready_s, the wait the agent sees from wanting the turn to its
-  first token, gateway wait included (the engine's own share is ttft_s - gateway_wait_s);
+  first token, gateway wait included (the engine's own share is ttft_s - gateway_wait_s); a
+  retried turn counts from its first attempt's ready_s, failed attempts and backoffs included;
 - ``itl_s``: itl_mean_s, the mean gap between consecutive tokens of the turn (NaN for a
-  one-token output; live: streamed chunks, simulated: the engine's step times);
+  one-token output; live: per streamed token, simulated: the engine's step times);
 - ``turn_s``: finish_s - ready_s, the end-to-end turn latency;
 - ``gateway_wait_s``: admit_s - ready_s.
 
@@ -23,6 +24,7 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
+from .attempts import turn_of_row
 from .runs import float_column, json_float, success_mask
 
 LATENCY_METRICS = ("ttft_s", "itl_s", "turn_s", "gateway_wait_s")
@@ -61,11 +63,27 @@ def _column_or_nan(turns: pa.Table, name: str) -> np.ndarray:
     return np.full(turns.num_rows, math.nan)
 
 
+def _earliest_per_turn(turn: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``values`` with each row's replaced by the smallest over its turn's rows (``turn``:
+    attempts.turn_of_row): a retried turn's attempts each have a row, and results written before
+    the attempt column reset ready_s and admit_s at every retry, so the first row holds the times
+    the agent wanted the turn and it was admitted."""
+    earliest = np.full(int(turn.max()) + 1, np.inf)
+    np.fmin.at(earliest, turn, values)
+    earliest[np.isinf(earliest)] = math.nan
+    return earliest[turn]
+
+
 def turn_latencies(turns: pa.Table) -> TurnLatencies:
-    """The latencies of every successful turn of a turns.parquet table."""
+    """The latencies of every successful turn of a turns.parquet table, from when the agent
+    wanted the turn: a retried turn's wait spans every attempt and backoff."""
     ok = success_mask(turns)
-    ready_s = float_column(turns, "ready_s")[ok] if "ready_s" in turns.column_names else np.full(ok.sum(), math.nan)
-    admit_s = _column_or_nan(turns, "admit_s")[ok]
+    ready_s = float_column(turns, "ready_s") if "ready_s" in turns.column_names else np.full(turns.num_rows, math.nan)
+    admit_s = _column_or_nan(turns, "admit_s")
+    if not ok.all() and {"session_id", "turn_index"} <= set(turns.column_names):  # retries follow failures
+        turn = turn_of_row(turns)
+        ready_s, admit_s = _earliest_per_turn(turn, ready_s), _earliest_per_turn(turn, admit_s)
+    ready_s, admit_s = ready_s[ok], admit_s[ok]
     finish_s = float_column(turns, "finish_s")[ok]
     return TurnLatencies(
         session_id=_column_or_nan(turns, "session_id")[ok],
@@ -150,8 +168,33 @@ def latency_by_arm(runs: list, outcomes: list) -> list[dict]:
                 sum(o["slo_tasks_met_share"] * o["slo_tasks_counted"] for o in met_tasks_counted) / tasks_counted)
             if met_tasks_counted and tasks_counted else None,
             "slo_goodput_tasks_per_s": json_float(tasks_met / duration_s) if tasks_met is not None else None,
+            # beside the latency: the turns it does not show as such (loadgen/analysis/attempts.py)
+            "turns_retried": total("turns_retried"), "turns_failed": total("turns_failed"),
+            "turns_truncated": total("turns_truncated"),
+            "failed_turns_by_cause": _summed_counts(o.get("failed_turns_by_cause") for o in arm_outcomes),
         })
     return rows
+
+
+def _summed_counts(counts) -> dict:
+    total: dict = {}
+    for one in counts:
+        for key, value in (one or {}).items():
+            total[key] = total.get(key, 0) + value
+    return dict(sorted(total.items()))
+
+
+def format_turn_outcomes(rows: list[dict]) -> list[str]:
+    """A line per arm that retried, failed or cut short any turn (none when all went through)."""
+    lines = []
+    for r in rows:
+        retried, failed, truncated = (r.get(key) or 0 for key in ("turns_retried", "turns_failed", "turns_truncated"))
+        if retried or failed or truncated:
+            causes = ", ".join(f"{cause} {n}" for cause, n in (r.get("failed_turns_by_cause") or {}).items())
+            lines.append(f"  {r['arm']}: {retried} turns retried, {failed} failed" + (f" ({causes})" if causes else "")
+                         + f", {truncated} truncated (fewer output tokens than asked)")
+    return (["Turns not in the latency as asked for (retried turns count every attempt's time):"] + lines
+            if lines else [])
 
 
 def format_latency_table(summary: dict) -> Optional[str]:
@@ -196,4 +239,5 @@ def format_latency_table(summary: dict) -> Optional[str]:
               "  successful turns; tasks done: sessions finished/arrived."]
     if has_slo:
         lines.append("SLO turns/tasks: share meeting every target of the spec's slo (docs/results-format.md).")
+    lines += format_turn_outcomes(rows)
     return "\n".join(lines)

@@ -8,6 +8,7 @@ from typing import Mapping, Optional
 import numpy as np
 import pyarrow as pa
 
+from .attempts import attempt_outcome
 from .ideal import hit_ratio_outcome
 from .latency import latency_outcome
 from .recovery import control_outcome
@@ -85,6 +86,9 @@ def run_outcome(run: RunData) -> dict:
         **control_outcome(run),
         # added with latency and SLOs (docs/results-format.md#latency)
         **latency_outcome(run.turns, duration_s),
+        # added with retried turns' latency (docs/results-format.md#attempts): beside the latency,
+        # the turns retried, cut short or failed, by cause
+        **attempt_outcome(run.turns),
         **task_outcome(run),
         **slo_outcome(run),
         # added beside persistently_degraded (docs/results-format.md): how the run ends, and how

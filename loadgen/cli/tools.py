@@ -69,7 +69,7 @@ def _cmd_map(args: argparse.Namespace) -> int:
     except ValueError as exc:  # an unreadable outcome table
         raise SpecError(str(exc)) from None
     wall_s = epoch_s() - start_s
-    summary = summarize_map(job, grid, list(store.rows.values()), bounds)
+    summary = summarize_map(job, grid, store.map_rows(), bounds)
     write_map(out, summary)
     print(summary["report"], flush=True)
     num_ran = sum(ran.values())
@@ -225,6 +225,7 @@ def _cmd_shapes(args: argparse.Namespace) -> int:
     print(json.dumps(description, indent=1) if args.json else format_description(description, notes))
     return 0
 
+
 def _describe_trees(args: argparse.Namespace) -> int:
     """``shapes describe`` of session trees: a tree format's file, or a synthetic tree preset."""
     import json
@@ -257,6 +258,23 @@ def _describe_trees(args: argparse.Namespace) -> int:
     print(json.dumps(description, indent=1) if args.json else format_tree_description(description, notes))
     return 0
 
+
+def _check_calibrate_flags(args: argparse.Namespace) -> None:
+    """Every number calibrate measures with, checked before the first request."""
+    import math
+
+    if args.repeats < 1:
+        raise SpecError(f"--repeats must be >= 1 (measurements per point; the median is kept), got {args.repeats}")
+    if args.max_num_batched_tokens < 1:
+        raise SpecError(f"--max-num-batched-tokens must be >= 1 (the server's step token budget), "
+                        f"got {args.max_num_batched_tokens}")
+    if not (math.isfinite(args.time_scale) and args.time_scale > 0):
+        raise SpecError(f"--time-scale must be a number > 0 (how many times faster than real time the server "
+                        f"runs), got {args.time_scale:g}")
+    if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
+        raise SpecError(f"--tolerance must be a number >= 0, got {args.tolerance:g}")
+
+
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     import asyncio
     import json
@@ -268,6 +286,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     url = _endpoint_url(args.endpoint)
     if not args.out and not args.check:
         raise SpecError("calibrate: give --out (the cost.json to write), --check COST_MODEL, or both")
+    _check_calibrate_flags(args)
     checked = _cost_model_arg(args.check, "--check") if args.check else None
     plan = CalibrationPlan(repeats=args.repeats, chunk_tokens=args.max_num_batched_tokens)
     out = Path(args.out) if args.out else None

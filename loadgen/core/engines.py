@@ -41,7 +41,7 @@ class TurnResult:
     num_preemptions: int = 0
     error: Optional[str] = None
     output_token_ids: Optional[list[int]] = None
-    inter_token_gaps_s: tuple[float, ...] = ()  # between streamed chunks (live engines)
+    inter_token_gaps_s: tuple[float, ...] = ()  # per streamed token (live engines; OpenAIEngineClient.generate)
     # the simulated engine's per-token times, summarized (it computes them, it does not stream)
     itl_mean_s: float = float("nan")
     itl_max_s: float = float("nan")

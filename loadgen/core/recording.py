@@ -35,6 +35,10 @@ TURN_SCHEMA = pa.schema([
     # added with the ideal hit ratio (loadgen/analysis/ideal.py): the longest prefix of this prompt
     # an infinite cache would hold when it was sent; null in rows written without it
     ("cacheable_prefix_tokens", pa.int64()),
+    # added with retried turns' latency: a row per attempt, all of a turn's rows with the turn's
+    # ready_s and admit_s; attempt 1, 2, ...; when this attempt was sent; the output it asked for
+    # (fewer output_tokens on a successful row: the server cut the output short)
+    ("attempt", pa.int32()), ("submitted_s", pa.float64()), ("planned_output_tokens", pa.int64()),
 ])
 
 # added with deployments (docs/deployments.md#records), only in the turns of runs on a deployment
@@ -183,14 +187,18 @@ class RunRecorder:
              output_tokens: int, num_preemptions: int, error: Optional[str],
              itl_mean_s: float = math.nan, itl_max_s: float = math.nan,
              planned_prompt_tokens: Optional[int] = None, retokenization_drift_tokens: int = 0,
-             cacheable_prefix_tokens: Optional[int] = None, replica: Optional[int] = None,
-             miss_routing_tokens: Optional[int] = None, miss_eviction_tokens: Optional[int] = None) -> None:
+             cacheable_prefix_tokens: Optional[int] = None, attempt: int = 1,
+             submitted_s: Optional[float] = None, planned_output_tokens: Optional[int] = None,
+             replica: Optional[int] = None, miss_routing_tokens: Optional[int] = None,
+             miss_eviction_tokens: Optional[int] = None) -> None:
         if planned_prompt_tokens is None:
             planned_prompt_tokens = prompt_tokens
         values = (self.run_id, self.arm, self.seed, session_id, turn_index, is_trigger, kind, ready_s, admit_s,
                   first_token_s, finish_s, prompt_tokens, cached_tokens, output_tokens, admit_s - ready_s,
                   num_preemptions, error, itl_mean_s, itl_max_s, planned_prompt_tokens,
-                  retokenization_drift_tokens, cacheable_prefix_tokens)
+                  retokenization_drift_tokens, cacheable_prefix_tokens, attempt,
+                  admit_s if submitted_s is None else submitted_s,
+                  output_tokens if planned_output_tokens is None else planned_output_tokens)
         if self.replica_columns:
             values += (replica, miss_routing_tokens, miss_eviction_tokens)
         for col, value in zip(self._turns.cols, values):

@@ -266,6 +266,7 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
                 cacheable = context  # a retry resends a prompt already sent
             counts.in_engine += 1
             progress.counted_as = "in_engine"
+            sent = clock.now()
             result = await engine.generate(request)
             counts.in_engine -= 1
             progress.counted_as = None
@@ -273,18 +274,20 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
             # streamed gaps (live) or the simulated engine's own per-token times
             itl_mean_s = sum(gaps) / len(gaps) if gaps else result.itl_mean_s
             itl_max_s = max(gaps) if gaps else result.itl_max_s
+            # every attempt's row keeps the turn's ready and admit times: the agent wanted the
+            # turn then, and waits for it across every attempt and backoff (its latency)
             recorder.turn(sid, k, plan.is_trigger, shape.kind, ready, admit, result.first_token_s, result.finish_s,
                           result.prompt_tokens, result.cached_tokens, result.output_tokens, result.num_preemptions,
                           result.error, itl_mean_s, itl_max_s, context,
-                          tokens.drift_tokens if tokens is not None else 0, cacheable,
+                          tokens.drift_tokens if tokens is not None else 0, cacheable, attempt, sent, output,
                           result.replica, result.miss_routing_tokens, result.miss_eviction_tokens)
             if result.error is None or not env.retry.should_retry(attempt, result.error):
                 break
             await clock.sleep(env.retry.delay_s(attempt))
-            ready = admit = clock.now()
         if result.error is not None:
             break  # the session cannot continue without this turn's output
-        gateway.turn_completed(sid, result.finish_s - admit)
+        # the engine's service time of the attempt that answered: what the gateway's policy reads
+        gateway.turn_completed(sid, result.finish_s - sent)
         if k == num_turns - 1:
             break
         growth = shape.growth_tokens[k]

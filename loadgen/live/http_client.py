@@ -248,6 +248,10 @@ def _until_done(events: list[bytes]) -> list[bytes]:
     return events
 
 
+class StreamError(Exception):
+    """The stream said the request failed (an error event, or an event that is not one)."""
+
+
 class PreflightError(RuntimeError):
     """The endpoint cannot run this experiment; the message says what to change."""
 
@@ -348,6 +352,7 @@ class OpenAIEngineClient:
         output_ids: list[int] = []
         texts: list[str] = []
         usage = meta_info = None
+        streamed_tokens = 0
         headers = self._headers
         if request.shared_prefix_tokens:
             # a hint only our own serve-sim reads; real servers ignore unknown headers
@@ -369,7 +374,6 @@ class OpenAIEngineClient:
             async for batch in self.transport.stream_lines(self.base + self._path, body, headers,
                                                            self.options.request_timeout_s, **extra):
                 now = clock.now()
-                got_tokens = False
                 # one JSON parse per network read (the batch's events as one array), not per event
                 events = [line[5:] for line in batch if line[:5] == b"data:"]
                 if not events:
@@ -380,9 +384,16 @@ class OpenAIEngineClient:
                     if not events:
                         continue
                     joined = b",".join(events)
+                num_tokens = 0
                 for chunk in orjson.loads(b"[" + joined + b"]"):
-                    if chunk.get("error"):
-                        raise HttpStatusError(int(chunk["error"].get("code") or 500), str(chunk["error"]))
+                    if not isinstance(chunk, dict):
+                        raise StreamError(f"an event that is not a JSON object: {str(chunk)[:200]}")
+                    error = chunk.get("error")
+                    if error:
+                        if not isinstance(error, dict):  # some servers send {"error": "..."}
+                            raise StreamError(f"the server streamed an error: {str(error)[:300]}")
+                        raise HttpStatusError(int(error.get("code") or 500), str(error))
+                    event_tokens = 0
                     for choice in chunk.get("choices") or ():
                         ids = choice.get("token_ids")
                         # completions stream "text"; chat streams "delta": {"content": ...}
@@ -391,20 +402,30 @@ class OpenAIEngineClient:
                             texts.append(text)
                         if ids:
                             output_ids.extend(ids)
-                            got_tokens = True
+                            event_tokens += len(ids)
                         elif text:
-                            got_tokens = True
+                            event_tokens += 1
                     if chunk.get("usage"):
                         usage = chunk["usage"]
+                        # a usage streamed with every event (continuous usage stats) counts its tokens
+                        counted = usage.get("completion_tokens")
+                        if event_tokens and isinstance(counted, int) and counted > streamed_tokens + num_tokens:
+                            event_tokens = counted - streamed_tokens - num_tokens
                     if chunk.get("meta_info"):
                         meta_info = chunk["meta_info"]
-                if got_tokens:
+                    num_tokens += event_tokens
+                if num_tokens:
+                    # per token, not per read: a read that brought n tokens since the last one
+                    # spreads its gap over them (reads coalesce when the driver is busy); the first
+                    # read's tokens arrived together, their spacing unseen
                     if math.isnan(first):
                         first = now
                     else:
-                        gaps.append(now - last)
+                        gap = (now - last) / num_tokens
+                        gaps.extend((gap,) * num_tokens)
+                    streamed_tokens += num_tokens
                     last = now
-        except (TransportError, HttpStatusError, orjson.JSONDecodeError, ValueError) as exc:
+        except (TransportError, HttpStatusError, StreamError, orjson.JSONDecodeError, ValueError) as exc:
             return self._failed(request, submitted, first, f"{type(exc).__name__}: {exc}")
         finish = clock.now()
         if usage is None:
@@ -525,14 +546,21 @@ class OpenAIEngineClient:
             raise PreflightError(f"{self.base}/v1/models failed: {exc}") from None
         except TransportError as exc:
             raise PreflightError(f"{self.base} is not reachable: {exc}") from None
-        served = [m.get("id") for m in (models or {}).get("data", [])]
+        listed = models.get("data") if isinstance(models, dict) else None
+        if not isinstance(listed, list) or not all(isinstance(m, dict) for m in listed):
+            what = ("text/HTML" if isinstance(models, str) and models.lstrip()[:1] == "<"
+                    else "text" if isinstance(models, str) else f"JSON {type(models).__name__}")
+            raise PreflightError(f"{self.base}/v1/models answered HTTP 200 with {what}, not the JSON model list "
+                                 f"of an OpenAI-compatible server ({{\"data\": [...]}}): is {self.base} the "
+                                 f"server's base URL? It answered: {str(models)[:200]!r}")
+        served = [m.get("id") for m in listed]
         if self.model is None:
             if not served:
                 raise PreflightError(f"{self.base}/v1/models lists no model")
             self.model = served[0]
         elif self.model not in served:
             raise PreflightError(f"model {self.model!r} is not served by {self.base}; it serves {served}")
-        for m in models.get("data", []):
+        for m in listed:
             if m.get("id") == self.model and m.get("max_model_len"):
                 self.max_model_len = int(m["max_model_len"])
         if self.max_model_len and needed_context_tokens > self.max_model_len:

@@ -8,6 +8,13 @@ connection per in-flight request, a request written in one ``write``, and the re
 (``Content-Length``, chunked, or until close) handed over as it arrives, a batch of complete
 lines per network read. ``https://`` URLs go through aiohttp (``loadgen.live.http_client``).
 
+What real servers send and this client must take: interim 1xx responses before the final one
+(skipped, RFC 9110 15.2), chunk extensions and trailers (not body, RFC 9112 7.1), a body that
+ends with the connection (a clean close ends it; a reset is a cut, an error), and idle
+keep-alive connections the server closes (uvicorn after 5 s): they leave the pool when their
+close arrives, and a request on a reused connection that the server closed before answering a
+byte is sent once more on a fresh connection.
+
 The error surface is the ``Transport`` seam's: a refused or reset connection, a response cut
 short or a malformed one is a ``TransportError``; a request not done within ``timeout_s`` (the
 whole request, as aiohttp's total timeout) is ``TransportError("timeout after X s")``; a stream
@@ -38,16 +45,20 @@ MAX_HEAD_BYTES = 64 * 1024
 
 
 class _Connection(asyncio.Protocol):
-    """One keep-alive connection, one request at a time; parses the response as bytes arrive."""
+    """One keep-alive connection, one request at a time; parses the response as bytes arrive.
+    ``on_idle_lost`` is called when the server closes it while it waits in the pool."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_idle_lost=None) -> None:
         self.transport: Optional[asyncio.Transport] = None
         self.closed = False
         self.busy = False
+        self.reused = False  # it served an earlier request: the server may have closed it meanwhile
+        self.on_idle_lost = on_idle_lost
         self._reset()
 
     def _reset(self) -> None:
         self.buf = b""
+        self.num_received_bytes = 0  # of this request's response, interim responses included
         self.status = 0
         self.head_done = False
         self.done = False
@@ -57,6 +68,7 @@ class _Connection(asyncio.Protocol):
         self.chunk_trailer = False  # after the last chunk: skipping trailers up to the empty line
         self.pieces: list[bytes] = []  # body bytes not yet taken by the reader
         self.error: Optional[Exception] = None
+        self.timed_out = False
         self.waiter: Optional[asyncio.Future] = None
         self.keep_header: Optional[str] = None  # a response header the reader asked for (lower case)
         self.kept_header: Optional[str] = None
@@ -70,6 +82,7 @@ class _Connection(asyncio.Protocol):
             self.closed = True
             self.transport.close()
             return
+        self.num_received_bytes += len(data)
         self.buf = self.buf + data if self.buf else data
         try:
             self._parse()
@@ -81,9 +94,11 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self.closed = True
+        if not self.busy and self.on_idle_lost is not None:
+            self.on_idle_lost(self)
         if self.busy and not self.done and self.error is None:
-            if self.head_done and self.mode == "close":
-                self.done = True  # a body that ends with the connection
+            if self.head_done and self.mode == "close" and exc is None:
+                self.done = True  # a body that ends with the connection (a reset is a cut, not an end)
             else:
                 self.error = TransportError("ServerDisconnectedError: Server disconnected"
                                             + (f" ({exc})" if exc else ""))
@@ -96,7 +111,7 @@ class _Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------ the response
     def _parse(self) -> None:
-        if not self.head_done:
+        while not self.head_done:
             end = self.buf.find(_HEAD_END)
             if end < 0:
                 if len(self.buf) > MAX_HEAD_BYTES:
@@ -107,7 +122,10 @@ class _Connection(asyncio.Protocol):
             parts = head[0].split(" ", 2)
             if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
                 raise ValueError(f"status line {head[0][:80]!r}")
-            self.status = int(parts[1])
+            status = int(parts[1])
+            if 100 <= status < 200 and status != 101:
+                continue  # an interim response (100 Continue, 103 Early Hints): the final one follows
+            self.status = status
             length = None
             chunked = False
             connection = ""
@@ -128,7 +146,7 @@ class _Connection(asyncio.Protocol):
                 self.mode = "chunked"
             elif length is not None:
                 self.mode, self.remaining = "length", length
-            elif 100 <= self.status < 200 or self.status in (204, 304):
+            elif self.status in (101, 204, 304):
                 self.mode, self.remaining = "length", 0
             else:
                 self.mode, self.keep_alive = "close", False
@@ -226,6 +244,8 @@ class RawHttpTransport:
         self._slots: Optional[asyncio.Semaphore] = None
         self._open: set[_Connection] = set()
         self._targets: dict[str, tuple[str, int, str, str]] = {}
+        self.num_closed_while_idle = 0  # connections the server closed in the pool (keep-alive timeouts)
+        self.num_resent = 0  # requests sent again on a fresh connection after a reused one closed unanswered
 
     def _target(self, url: str) -> tuple[str, int, str, str]:
         """(host, port, path, Host header) of an http:// URL, cached: sessions ask the same few."""
@@ -240,18 +260,34 @@ class RawHttpTransport:
                 self._targets[url] = target
         return target
 
+    @property
+    def num_open_connections(self) -> int:
+        """Connections held, busy or idle in the pool (closed ones leave it at once)."""
+        return len(self._open)
+
     def _idle_connection(self, host: str, port: int) -> Optional[_Connection]:
         idle = self._idle.get((host, port))
         while idle:
             conn = idle.pop()  # the most recently used: the least likely to have been closed by the server
-            if not conn.closed:
+            if not conn.closed and not conn.transport.is_closing():
                 return conn
+            self._forget(conn)
         return None
+
+    def _forget(self, conn: _Connection) -> None:
+        """Drop a connection the server closed while it was idle (a keep-alive timeout)."""
+        if conn not in self._open:  # released and closed already (not pooled)
+            return
+        self.num_closed_while_idle += 1
+        self._open.discard(conn)
+        for idle in self._idle.values():
+            if conn in idle:
+                idle.remove(conn)
 
     async def _connect(self, host: str, port: int) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await loop.create_connection(_Connection, host, port)
+            _, conn = await loop.create_connection(lambda: _Connection(self._forget), host, port)
         except OSError as exc:
             raise TransportError(f"ClientConnectorError: Cannot connect to host {host}:{port} ({exc})") from None
         self._open.add(conn)
@@ -261,6 +297,7 @@ class RawHttpTransport:
         conn.busy = False
         if conn.done and conn.keep_alive and not conn.closed and conn.error is None:
             conn._reset()
+            conn.reused = True
             self._idle.setdefault((host, port), []).append(conn)
         else:
             conn.closed = True
@@ -268,14 +305,16 @@ class RawHttpTransport:
                 conn.transport.close()
             self._open.discard(conn)
 
-    async def _send(self, method: str, url: str, body: Optional[bytes], headers: dict,
-                    timeout_s: float) -> tuple[_Connection, tuple[str, int], asyncio.TimerHandle]:
+    async def _send(self, method: str, url: str, body: Optional[bytes], headers: dict, timeout_s: float,
+                    fresh: bool = False, keep_header: Optional[str] = None,
+                    ) -> tuple[_Connection, tuple[str, int], asyncio.TimerHandle]:
         host, port, path, netloc = self._target(url)
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.max_connections)
         await self._slots.acquire()
         try:
-            conn = self._idle_connection(host, port) or await asyncio.wait_for(self._connect(host, port), timeout_s)
+            conn = ((None if fresh else self._idle_connection(host, port))
+                    or await asyncio.wait_for(self._connect(host, port), timeout_s))
         except asyncio.TimeoutError:
             self._slots.release()
             raise TransportError(f"timeout after {timeout_s:g} s") from None
@@ -283,6 +322,8 @@ class RawHttpTransport:
             self._slots.release()
             raise
         conn.busy = True
+        # set before the loop runs again: no byte of this answer is parsed yet
+        conn.keep_header, conn.kept_header = keep_header, None
         head = [f"{method} {path} HTTP/1.1\r\nHost: {netloc}\r\n"]
         for name, value in headers.items():
             head.append(f"{name}: {value}\r\n")
@@ -292,6 +333,7 @@ class RawHttpTransport:
 
         def timed_out() -> None:
             if not conn.done and conn.error is None:
+                conn.timed_out = True
                 conn.error = TransportError(f"timeout after {timeout_s:g} s")
                 conn.closed = True
                 conn.transport.abort()
@@ -305,11 +347,41 @@ class RawHttpTransport:
         self._release(key[0], key[1], conn)
         self._slots.release()
 
+    async def _answered(self, method: str, url: str, body: Optional[bytes], headers: dict, timeout_s: float,
+                        keep_header: Optional[str] = None) -> tuple[_Connection, tuple[str, int], asyncio.TimerHandle]:
+        """A request sent and its response head read. On a reused connection that the server
+        closed before a byte came back (its keep-alive timeout raced the request), sent once
+        more on a fresh connection, as HTTP clients do; the timeout covers both tries."""
+        started = asyncio.get_running_loop().time()
+        conn, key, timer = await self._send(method, url, body, headers, timeout_s, keep_header=keep_header)
+        try:
+            while not conn.head_done:
+                await conn.wait()
+            return conn, key, timer
+        except BaseException as exc:  # cancelled too: the connection and its slot are given back
+            unanswered = (isinstance(exc, TransportError) and conn.reused and conn.num_received_bytes == 0
+                          and conn.closed and not conn.timed_out)
+            self._done_with(conn, key, timer)
+            if not unanswered:
+                raise
+        self.num_resent += 1
+        left_s = timeout_s - (asyncio.get_running_loop().time() - started)
+        if left_s <= 0:
+            raise TransportError(f"timeout after {timeout_s:g} s")
+        conn, key, timer = await self._send(method, url, body, headers, left_s, fresh=True, keep_header=keep_header)
+        try:
+            while not conn.head_done:
+                await conn.wait()
+        except BaseException:
+            self._done_with(conn, key, timer)
+            raise
+        return conn, key, timer
+
     async def request(self, method: str, url: str, body: Optional[bytes], headers: dict,
                       timeout_s: float) -> tuple[int, bytes]:
         if not url.startswith("http://"):
             return await self.fallback.request(method, url, body, headers, timeout_s)
-        conn, key, timer = await self._send(method, url, body, headers, timeout_s)
+        conn, key, timer = await self._answered(method, url, body, headers, timeout_s)
         try:
             while not conn.done:
                 await conn.wait()
@@ -324,12 +396,9 @@ class RawHttpTransport:
             async for batch in self.fallback.stream_lines(url, body, headers, timeout_s, response_header):
                 yield batch
             return
-        conn, key, timer = await self._send("POST", url, body, headers, timeout_s)
-        if response_header:  # set before the loop runs again: no byte of the answer is parsed yet
-            conn.keep_header = next(iter(response_header)).lower()
+        keep = next(iter(response_header)).lower() if response_header else None
+        conn, key, timer = await self._answered("POST", url, body, headers, timeout_s, keep)
         try:
-            while not conn.head_done:
-                await conn.wait()
             if response_header:
                 response_header[next(iter(response_header))] = conn.kept_header
             if conn.status >= 400:

@@ -299,18 +299,18 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
 
 
 def median_turn_latency_s(turns_path: Path) -> Optional[float]:
-    """Median admit-to-finish time of a run's successful turns (workload seconds): the time scale
-    the lag bound is a fraction of. None when no turn succeeded or the file cannot be read."""
+    """Median send-to-finish time of a run's successful attempts (workload seconds): the time
+    scale the lag bound is a fraction of. None when no turn succeeded or the file cannot be read."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        turns = pq.read_table(turns_path, columns=["admit_s", "finish_s", "error"])
+        turns = pq.read_table(turns_path, columns=["submitted_s", "finish_s", "error"])
     except (OSError, pa.ArrowException):
         return None
     ok = np.asarray(turns.column("error").is_null().to_numpy(zero_copy_only=False), dtype=bool)
     latency = (np.asarray(turns.column("finish_s").to_numpy(zero_copy_only=False), dtype=float)
-               - np.asarray(turns.column("admit_s").to_numpy(zero_copy_only=False), dtype=float))[ok]
+               - np.asarray(turns.column("submitted_s").to_numpy(zero_copy_only=False), dtype=float))[ok]
     latency = latency[np.isfinite(latency)]
     return float(np.median(latency)) if len(latency) else None

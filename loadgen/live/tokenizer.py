@@ -180,9 +180,12 @@ class LocalTokenizer:
 
     def _shared_cut(self, text: str, old: str) -> int:
         """The last position where a special token starts in ``old`` up to which ``text`` is the same."""
+        specials = self._specials
+        if not specials:  # a tokenizer without special tokens: nowhere an encoding may be cut
+            return 0
         end = len(old)
         while end > 0:
-            cut = max(old.rfind(special, 0, end) for special in self._specials)
+            cut = max(old.rfind(special, 0, end) for special in specials)
             if cut <= 0:
                 return 0
             if text.startswith(old[:cut]):

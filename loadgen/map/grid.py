@@ -108,8 +108,10 @@ class MapGrid:
             raise GridError("the grid needs at least one controller and one seed")
         if len(set(self.controllers)) != len(self.controllers):
             raise GridError(f"--controllers: {list(self.controllers)} names one twice")
-        if self.horizon_s < 0 or self.bisect_steps < 0 or self.max_escape_rates < 0:
-            raise GridError("--horizon-h, --bisect-steps and --max-escape-rates must be >= 0")
+        if not (math.isfinite(self.horizon_s) and self.horizon_s >= 0):
+            raise GridError(f"--horizon-h must be a number of hours >= 0, got {self.horizon_s / 3600:g}")
+        if self.bisect_steps < 0 or self.max_escape_rates < 0:
+            raise GridError("--bisect-steps and --max-escape-rates must be >= 0")
 
     def grid_points(self, duration_s: float) -> list[MapPoint]:
         return [MapPoint(c, r, f, s, duration_s) for c in self.controllers for r in self.rates_per_s

@@ -149,13 +149,17 @@ def process_pool(num_workers: Optional[int] = None) -> Executor:
 # ---------------------------------------------------------------- the outcome table
 class OutcomeStore:
     """outcomes.parquet: every finished point's row; rewritten as rows arrive, so an interrupted
-    map keeps what it finished. Rows of another spec (another fingerprint) are dropped."""
+    map keeps what it finished. Rows of another spec (another fingerprint) are dropped. Rows of
+    another grid of the same spec are kept (its rerun resumes from them, and a point both grids
+    plan is one run, the same bit for bit), but only the points this map planned are its rows
+    (``map_rows``): its report never counts another grid's cells."""
 
     def __init__(self, out_dir: Path, fingerprint: str, save_every: int = 200) -> None:
         self.path = Path(out_dir) / OUTCOMES_FILE
         self.fingerprint = fingerprint
         self.save_every = save_every
         self.rows: dict[str, dict] = {}
+        self.planned: set[str] = set()  # the run ids of this map's points, phase by phase
         self._unsaved = 0
         if self.path.is_file():
             try:
@@ -166,8 +170,15 @@ class OutcomeStore:
                 if row.get("fingerprint") == fingerprint and row.get("status") == "completed":
                     self.rows[row["run_id"]] = row
 
-    def missing(self, points: Iterable[MapPoint]) -> list[MapPoint]:
+    def plan(self, points: Iterable[MapPoint]) -> list[MapPoint]:
+        """Make ``points`` this map's; those without a row yet are returned, to run."""
+        points = list(points)
+        self.planned.update(p.run_id for p in points)
         return [p for p in points if p.run_id not in self.rows]
+
+    def map_rows(self) -> list[dict]:
+        """The rows of this map's planned points (sorted by run id)."""
+        return [self.rows[run_id] for run_id in sorted(self.planned) if run_id in self.rows]
 
     def add(self, row: dict) -> None:
         self.rows[row["run_id"]] = row
@@ -227,7 +238,7 @@ def run_map(job: MapJob, grid: MapGrid, out_dir: Path, execute: Executor,
     duration_s = job.spec.duration_s
 
     def run_phase(phase: str, points: list[MapPoint]) -> None:
-        todo = store.missing(points)
+        todo = store.plan(points)
         if progress:
             progress(phase, 0, len(todo))
         try:
@@ -243,9 +254,9 @@ def run_map(job: MapJob, grid: MapGrid, out_dir: Path, execute: Executor,
     for _ in range(grid.bisect_steps):
         # each plan halves the brackets the rows so far leave open, so a resumed map plans
         # exactly the probes it has not run yet
-        probes = plan_bisection(store.rows.values(), grid, duration_s)
+        probes = plan_bisection(store.map_rows(), grid, duration_s)
         if not probes:
             break
         run_phase("bisect", probes)
-    run_phase("escape", plan_escape(cell_table(store.rows.values()), grid))
+    run_phase("escape", plan_escape(cell_table(store.map_rows()), grid))
     return store, ran

@@ -24,6 +24,10 @@ from typing import Sequence
 import numpy as np
 
 
+# the step-time coefficients a cost model names (StepCostModel.step_time)
+COEFFICIENTS = ("t0_s", "a_s_per_token", "b_s_per_token2", "g_s_per_token")
+
+
 @dataclass(frozen=True)
 class StepCostModel:
     """Seconds per engine step as a function of what the step schedules."""
@@ -52,10 +56,24 @@ class StepCostModel:
 
     @classmethod
     def from_json(cls, data: dict) -> "StepCostModel":
+        """A model from its JSON object, which names every coefficient: one left out is refused,
+        never filled with the dataclass's default (a model file that says less than it seems to)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a cost model is a JSON object of {list(COEFFICIENTS)}, got {type(data).__name__}")
         allowed = {f for f in cls.__dataclass_fields__}
         unknown = set(data) - allowed
         if unknown:
             raise ValueError(f"unknown cost-model fields {sorted(unknown)}; expected {sorted(allowed)}")
+        missing = [name for name in COEFFICIENTS if name not in data]
+        if missing:
+            raise ValueError(f"missing cost-model coefficients {missing}: a cost model names all of "
+                             f"{list(COEFFICIENTS)} (as `loadgen calibrate` writes them)")
+        for name in COEFFICIENTS:
+            value = data[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"cost-model coefficient {name}: expected a finite number >= 0, got {value!r}")
+        if not isinstance(data.get("name", ""), str):
+            raise ValueError(f"cost-model name: expected a string, got {data['name']!r}")
         return cls(**data)
 
     @classmethod

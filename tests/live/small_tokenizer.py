@@ -25,9 +25,11 @@ def made_up_words(n: int) -> list[str]:
                 return words
 
 
-def build_tokenizer(directory: Path, vocab_size: int = 2000, template: str | None = CHATML_TEMPLATE) -> Path:
+def build_tokenizer(directory: Path, vocab_size: int = 2000, template: str | None = CHATML_TEMPLATE,
+                    special_tokens: bool = True) -> Path:
     """Write ``tokenizer.json`` (and ``tokenizer_config.json`` with ``template`` unless None) into
-    ``directory``; ids 0-3 are the special tokens, the rest words. Returns the directory."""
+    ``directory``; ids 0-3 are the special tokens (plain vocabulary without ``special_tokens``,
+    as in a tokenizer that declares none), the rest words. Returns the directory."""
     from tokenizers import Tokenizer, decoders, pre_tokenizers
     from tokenizers.models import WordLevel
 
@@ -39,7 +41,8 @@ def build_tokenizer(directory: Path, vocab_size: int = 2000, template: str | Non
     tok = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # words joined by spaces
-    tok.add_special_tokens(SPECIALS)
+    if special_tokens:
+        tok.add_special_tokens(SPECIALS)
     tok.save(str(directory / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": "<|im_end|>",
               "pad_token": "<|endoftext|>", "unk_token": "[UNK]", "model_max_length": 65536}

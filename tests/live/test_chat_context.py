@@ -120,6 +120,24 @@ def test_a_template_longer_than_the_plan_is_the_closest_length_not_an_error(tok_
     assert ctx.content[-1]["content"] == "" and len(ctx.prompt_ids) == 5
 
 
+def test_a_tokenizer_without_special_tokens_counts_every_prompt_from_the_start(tmp_path):
+    """No special added tokens: no place where an earlier encoding can be cut and reused, so
+    each prompt is encoded whole, still to its planned length (not max() of nothing)."""
+    tok = LocalTokenizer(build_tokenizer(tmp_path, vocab_size=3000, special_tokens=False))
+    builder = PromptBuilder(tok, "chat")
+    run(builder.prepare())
+    s = shape()
+    ctx = builder.session(s, (1, "base"), 3)
+    run(ctx.start())
+    planned = s.initial_tokens
+    assert len(tok.encode_chat(ctx.content)) == planned
+    for k, tool in enumerate(s.growth_tokens):
+        text, ids = served_output(tok, s.output_tokens[k], 50 * k)
+        run(ctx.extend(result(text, ids), s.output_tokens[k], tool))
+        planned += s.output_tokens[k] + tool
+        assert len(tok.encode_chat(ctx.content)) == planned == len(ctx.prompt_ids)
+
+
 def test_without_a_template_the_simple_chatml_is_applied(tmp_path):
     tok = LocalTokenizer(build_tokenizer(tmp_path, vocab_size=500, template=None))
     messages = [{"role": "user", "content": "baba"}]

@@ -154,3 +154,32 @@ def test_bisection_plans_nothing_once_brackets_are_narrow_enough():
     assert (probe.trigger_factor, probe.phase) == (1.5, "bisect")
     rows.append({**rows[0], "phase": "bisect", "trigger_factor": 1.5, "persistently_degraded": False})
     assert plan_bisection(rows, grid, 600.0) == []
+
+
+def test_a_map_of_another_grid_in_the_same_directory_reports_only_its_own_points(tmp_path):
+    """Rows another grid wrote into the directory are kept (a rerun of that grid resumes from
+    them; an identical point is reused, the same run bit for bit) but are no part of this map:
+    not in its rows, its cells or its bisection."""
+    from loadgen.map.analysis import cell_table
+
+    job = map_job(make_spec(), None, [1.0])
+    run_map(job, _grid(), tmp_path, StandIn())  # rates 0.01, 0.02 x seeds 1, 2
+    smaller = _grid(rates_per_s=(0.02,), seeds=(1,))
+    execute = StandIn()
+    store, ran = run_map(job, smaller, tmp_path, execute)
+    assert ran == {"grid": 0, "bisect": 0, "escape": 0}  # its points were all run by the first grid
+    rows = store.map_rows()
+    assert sorted((r["rate_per_s"], r["seed"]) for r in rows) == [(0.02, 1)] * 3
+    assert [(c["rate_per_s"], c["n"]) for c in cell_table(rows)] == [(0.02, 1)] * 3
+    assert len(store.rows) == 18  # the first grid's rows stay in outcomes.parquet
+    assert pq.read_table(tmp_path / OUTCOMES_FILE).num_rows == 18
+    # and the first grid, rerun, still finds all of its own
+    again = StandIn()
+    store, ran = run_map(job, _grid(), tmp_path, again)
+    assert again.points == [] and len(store.map_rows()) == 18
+
+
+@pytest.mark.parametrize("horizon_s", [float("nan"), float("inf"), -1.0])
+def test_a_horizon_that_is_not_a_finite_length_is_refused_before_any_run(horizon_s):
+    with pytest.raises(GridError, match="--horizon-h"):
+        _grid(horizon_s=horizon_s)
