@@ -8,6 +8,7 @@ from trace_shapes import FORMATS
 
 from ..version import __version__
 
+from .gateway import add_gateway_parser
 from .runs import _cmd_report, _cmd_run, _cmd_sweep, _cmd_validate
 from .tools import SHAPE_NAMES, _cmd_calibrate, _cmd_compare, _cmd_cost_fit, _cmd_map, _cmd_serve_sim, _cmd_shapes
 
@@ -170,4 +171,6 @@ def build_parser() -> argparse.ArgumentParser:
     describe.add_argument("--seed", type=int, default=0, help="tracelab-synthetic: generator seed")
     describe.add_argument("--json", action="store_true", help="print the numbers as JSON")
     describe.set_defaults(func=_cmd_shapes)
+
+    add_gateway_parser(sub)
     return parser
