@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--time-scale", type=float, help="compress every workload time X-fold (live runs only)")
     run.add_argument("--api", choices=("completions", "chat"),
                      help="the endpoint's API for a live run (default: the spec's engine.api, else completions)")
+    run.add_argument("--via-gateway", action="store_true",
+                     help="live runs: every turn through a loadgen gateway in front of the engine, which enforces "
+                          "the run's limit (docs/gateway.md#in-experiments)")
     run.add_argument("--cost-model", metavar="PRESET_OR_JSON",
                      help="simulate with these step costs (a preset, or the cost.json `loadgen calibrate` wrote), "
                           "written into the run's spec")

@@ -15,7 +15,8 @@ from loadgen.gateway.proxy import GatewayProxy
 
 class Upstream:
     """A vLLM-like engine on loopback (aiohttp: streamed responses go chunked). Every request is
-    recorded; ``hold`` keeps each completion's response back until ``release()``; ``die_after``
+    recorded; ``hold`` keeps each completion's response back until ``release()`` (or its session's
+    ``held_by[...].set()``); ``die_after``
     closes the connection after that many streamed chunks."""
 
     def __init__(self) -> None:
@@ -24,6 +25,7 @@ class Upstream:
         self.die_after: Optional[int] = None
         self.chunk_delay_s = 0.0
         self.held: list[asyncio.Event] = []
+        self.held_by: dict[str, asyncio.Event] = {}  # the last held response of each session
         self.num_cut = 0  # responses whose client (the gateway) went away before their end
         self.num_scrapes = 0
         self.runner: Optional[web.AppRunner] = None
@@ -71,6 +73,7 @@ class Upstream:
         if self.hold:
             event = asyncio.Event()
             self.held.append(event)
+            self.held_by[request.headers.get("X-Session-ID")] = event
             await event.wait()
         n = payload.get("max_tokens") or 4
         prompt = payload.get("prompt")

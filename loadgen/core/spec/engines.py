@@ -127,6 +127,27 @@ API_DESCRIPTION = ("completions: /v1/completions with token-id prompts; chat: /v
                    "message list per session, built to exact token lengths (docs/chat.md).")
 
 
+class ViaGatewaySpec(_Model):
+    """``engine.gateway``: every turn goes through a ``loadgen gateway`` proxy the run starts in front of
+    the engine (docs/gateway.md#in-experiments); the limit is enforced there, not in the load generator."""
+
+    controller: Optional[dict[str, Any]] = Field(None, description=(
+        "The proxy's limit ({name, params, start_s} as the experiment's controller); default: each arm's "
+        "controller, moved into the proxy (the load generator then runs uncontrolled)."))
+    max_park_s: Optional[float] = Field(None, gt=0, description="The proxy's maximum park time (run seconds).")
+    on_max_park: Literal["admit", "reject"] = Field("admit", description="At the maximum park time: admit or 429.")
+    idle_timeout_s: float = Field(300.0, gt=0, description="A session without a request this long has ended.")
+
+    @field_validator("controller")
+    @classmethod
+    def _controller(cls, value: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+        if value is not None:
+            from .experiment import ControllerSpec
+
+            ControllerSpec.model_validate(value)
+        return value
+
+
 class OpenAIEngineSpec(_Model):
     """A real server: vLLM, SGLang or any OpenAI-compatible endpoint."""
 
@@ -154,6 +175,9 @@ class OpenAIEngineSpec(_Model):
     session_header: Optional[str] = Field(None, description=(
         "An HTTP header carrying each session's id (RUN_ID/SESSION_ID, the same on every turn), e.g. "
         "X-Session-ID, so a router (llm-d, SGLang router, Dynamo) keeps a session on one replica."))
+    gateway: Optional[ViaGatewaySpec] = Field(None, description=(
+        "Put a loadgen gateway between the load generator and this engine (loadgen run --via-gateway): the "
+        "run's limit is enforced by the proxy (docs/gateway.md#in-experiments)."))
     metrics_urls: Optional[list[str]] = Field(None, description=(
         "The base URLs of the replicas behind url (a router): /metrics is scraped from each and summed into "
         "samples.parquet (each replica's in replica_samples.parquet), their pools summed into C, and "
