@@ -13,11 +13,18 @@ from __future__ import annotations
 import asyncio
 from typing import Awaitable, Callable, Optional
 
+import orjson
+
 MAX_HEAD_BYTES = 64 * 1024
 REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
            408: "Request Timeout", 411: "Length Required", 413: "Content Too Large",
            429: "Too Many Requests", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
            502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+
+
+def error_body(status: int, message: str) -> bytes:
+    """The gateway's own error answers, shaped as OpenAI's (and vLLM's) error responses."""
+    return orjson.dumps({"error": {"message": message, "type": "gateway_error", "code": status}})
 
 
 class Request:
@@ -182,8 +189,6 @@ class ClientConnection(asyncio.Protocol):
 
     def refuse(self, status: int, message: str) -> None:
         """Answer a request that could not be read, and close (the rest of the stream is unreadable)."""
-        from .proxy import error_body
-
         self._keep_alive = False
         self.respond(status, error_body(status, message))
         self.transport.close()

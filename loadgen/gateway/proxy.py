@@ -30,7 +30,7 @@ from controllers import make_policy
 from ..core.clock import WallClock
 from ..core.gateway import Gateway
 from .config import SESSION_FINAL_HEADER, GatewayConfig
-from .http_server import ClientConnection, Request
+from .http_server import ClientConnection, Request, error_body
 from .metrics import GatewayMetrics, status
 from .sessions import DemandEstimator, GatewaySession, SessionIdentifier
 from .upstream import UpstreamPool
@@ -46,10 +46,6 @@ DROPPED_REQUEST_HEADERS = frozenset(("connection", "keep-alive", "proxy-connecti
 DROPPED_RESPONSE_HEADERS = frozenset(("connection", "keep-alive", "transfer-encoding", "content-length", "trailer",
                                       "upgrade", "proxy-connection"))
 USAGE_TAIL_BYTES = 64 * 1024  # a response's end, where usage is (vLLM, SGLang: the last event or field)
-
-
-def error_body(status: int, message: str) -> bytes:
-    return orjson.dumps({"error": {"message": message, "type": "gateway_error", "code": status}})
 
 
 def usage_from_tail(tail: bytes) -> Optional[dict]:

@@ -132,20 +132,11 @@ class ViaGatewaySpec(_Model):
     the engine (docs/gateway.md#in-experiments); the limit is enforced there, not in the load generator."""
 
     controller: Optional[dict[str, Any]] = Field(None, description=(
-        "The proxy's limit ({name, params, start_s} as the experiment's controller); default: each arm's "
-        "controller, moved into the proxy (the load generator then runs uncontrolled)."))
+        "The proxy's limit ({name, params, start_s} as the experiment's controller, checked with it); default: "
+        "each arm's controller, moved into the proxy (the load generator then runs uncontrolled)."))
     max_park_s: Optional[float] = Field(None, gt=0, description="The proxy's maximum park time (run seconds).")
     on_max_park: Literal["admit", "reject"] = Field("admit", description="At the maximum park time: admit or 429.")
     idle_timeout_s: float = Field(300.0, gt=0, description="A session without a request this long has ended.")
-
-    @field_validator("controller")
-    @classmethod
-    def _controller(cls, value: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
-        if value is not None:
-            from .experiment import ControllerSpec
-
-            ControllerSpec.model_validate(value)
-        return value
 
 
 class OpenAIEngineSpec(_Model):
