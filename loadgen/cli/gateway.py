@@ -25,6 +25,8 @@ def add_gateway_parser(sub) -> None:
     gw.add_argument("--on-max-park", help="admit (forced resume, the default) or reject (HTTP 429 + Retry-After)")
     gw.add_argument("--time-scale", type=float, help="the gateway's clock runs X times faster (a scaled serve-sim)")
     gw.add_argument("--config", help="a gateway.yaml with any of these settings (flags override it)")
+    gw.add_argument("--from-map", metavar="MAP_DIR", help="the controller a `loadgen map` recommends (its map.json): "
+                                                          "the budgeter with its admit and park fractions")
     gw.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                     help="debug: one line per decision")
     gw.add_argument("--quiet", action="store_true", help="no progress line")
@@ -33,14 +35,20 @@ def add_gateway_parser(sub) -> None:
 
 def _cmd_gateway(args: argparse.Namespace) -> int:
     from ..gateway import serve
-    from ..gateway.config import load_config, parse_option
+    from ..gateway.config import from_map, load_config, parse_option
 
     options = dict(parse_option(o) for o in args.controller_option)
+    controller = args.controller
+    if args.from_map:  # the map's recommendation, under any flag given beside it
+        recommended = from_map(args.from_map)
+        controller = controller or recommended["controller"]
+        if controller == recommended["controller"]:
+            options = {**recommended["controller_options"], **options}
     pool = args.pool_tokens
     if pool is not None and pool != "auto":
         pool = int(pool) if pool.lstrip("-").isdigit() else pool
     config = load_config(args.config, {
-        "upstreams": args.upstream, "controller": args.controller, "controller_options": options,
+        "upstreams": args.upstream, "controller": controller, "controller_options": options,
         "control_start_s": args.control_start_s, "router": args.router, "listen": args.listen,
         "pool_tokens": pool, "session_headers": args.session_header, "idle_timeout_s": args.idle_timeout_s,
         "max_park_s": args.max_park_s, "on_max_park": args.on_max_park, "time_scale": args.time_scale})

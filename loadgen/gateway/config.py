@@ -161,3 +161,21 @@ def load_config(path: Optional[str], overrides: dict[str, Any]) -> GatewayConfig
         return GatewayConfig.model_validate(data)
     except ValidationError as exc:
         raise SpecError(_format_errors(exc, source).replace("invalid spec", "invalid gateway config")) from None
+
+
+def from_map(path: str) -> dict[str, Any]:
+    """The controller settings of a metastability map's recommendation (``loadgen map``'s map.json,
+    or its directory): the budgeter with the fractions it tested. SpecError when there is none."""
+    import json
+
+    file = Path(path) / "map.json" if Path(path).is_dir() else Path(path)
+    try:
+        summary = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"--from-map: cannot read {file} ({exc})") from None
+    rec = summary.get("recommendation") if isinstance(summary, dict) else None
+    if not rec:
+        raise SpecError(f"--from-map: {file} has no recommendation (the map ran no budgeter: "
+                        "loadgen map --controllers ...,budgeter)")
+    return {"controller": rec["controller"], "controller_options": {"admit_fraction": rec["admit_fraction"],
+                                                                    "park_fraction": rec["park_fraction"]}}
