@@ -43,6 +43,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._keep_alive = True
         self._timer: Optional[asyncio.TimerHandle] = None
         self._retry: Optional[tuple] = None
+        self._head_only = False
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -105,7 +106,9 @@ class UpstreamConnection(asyncio.Protocol):
                 elif lower != "keep-alive":
                     headers.append((name, value))
             self._keep_alive = connection != "close" and parts[0] != "HTTP/1.0"
-            if chunked:
+            if self._head_only:  # a HEAD's answer states the length of a body it does not send
+                self._mode, self._remaining, length = "length", 0, length or 0
+            elif chunked:
                 self._mode, self._remaining, length = "chunked", 0, None
             elif length is not None:
                 self._mode, self._remaining = "length", length
@@ -193,6 +196,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.received = False
         self._mode, self._buf, self._remaining, self._keep_alive = "", b"", 0, True
         self._retry = retry
+        self._head_only = data.startswith(b"HEAD ")
         self._timer = self.pool.loop.call_later(timeout_s, self.timed_out, timeout_s)
         self.transport.write(data)
 

@@ -202,3 +202,43 @@ def test_a_bad_config_exits_2_naming_the_field_without_a_traceback(tmp_path):
     out = subprocess.run([sys.executable, "-m", "loadgen.cli", "gateway", "--config", str(bad)], capture_output=True,
                          text=True, timeout=60).stderr
     assert "idle_timeout_s:" in out and "max_park_s:" in out
+
+
+class OneShotUpstream:
+    """Answers one request per connection and closes the connection, unanswered, when a second
+    request comes on it, without having said so (no Connection: close): the race of an engine's
+    idle keep-alive timeout with the gateway reusing the connection."""
+
+    def __init__(self) -> None:
+        self.num_answered = 0
+
+    async def start(self) -> "OneShotUpstream":
+        async def serve(reader, writer):
+            head = await reader.readuntil(b"\r\n\r\n")
+            body = b'{"ok":true}'
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
+                         % (len(body), b"" if head.startswith(b"HEAD") else body))
+            self.num_answered += head.startswith((b"GET /v1", b"HEAD /v1"))
+            await reader.readuntil(b"\r\n\r\n")
+            writer.close()
+
+        self.server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+
+def test_a_pooled_connection_the_engine_closed_is_retried_on_a_fresh_one_and_head_has_no_body():
+    async def main():
+        up = await OneShotUpstream().start()
+        async with running_gateway([up.url]) as gw, aiohttp.ClientSession() as http:
+            for _ in range(3):  # each after the first finds the connection of the one before closed on it
+                async with http.get(gateway_url(gw) + "/v1/models") as resp:
+                    assert resp.status == 200 and await resp.read() == b'{"ok":true}'
+            async with http.head(gateway_url(gw) + "/v1/models") as resp:
+                assert resp.status == 200 and resp.headers["Content-Length"] == "11"
+            async with http.get(gateway_url(gw) + "/v1/models") as resp:  # the connection is still in step
+                assert await resp.read() == b'{"ok":true}'
+            assert up.num_answered == 5
+        up.server.close()
+
+    run(main())
