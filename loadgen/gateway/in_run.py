@@ -35,6 +35,14 @@ async def start_run_gateway(engine: OpenAIEngineSpec, run_controller: Controller
     return proxy
 
 
+def proxy_sample(proxy: GatewayProxy) -> dict:
+    """samples.parquet's gate columns from the proxy's gate: its limit, admitted, waiting and parked
+    sessions (the load generator's own gate admits everyone)."""
+    gate = proxy.gate
+    return {"gateway_limit": gate.limit(), "sessions_admitted": gate.num_admitted,
+            "sessions_gateway_waiting": len(gate.waiting_new), "sessions_parked": len(gate.parked)}
+
+
 def run_gateway_info(proxy: Optional[GatewayProxy]) -> Optional[dict]:
     """run.json's ``gateway``: the proxy's limit and what it did over the run."""
     if proxy is None:

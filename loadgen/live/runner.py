@@ -179,7 +179,7 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
         options = endpoint_options(engine_spec, key.run_id)
         replica_urls = engine_spec.metrics_urls
         if engine_spec.gateway is not None:  # the limit is the proxy's (loadgen/gateway/in_run.py)
-            from ..gateway.in_run import SESSION_HEADER, start_run_gateway
+            from ..gateway.in_run import SESSION_HEADER, proxy_sample, start_run_gateway
 
             proxy = await start_run_gateway(engine_spec, ctl, spec.time_scale)
             options.url = f"http://127.0.0.1:{proxy.port}"
@@ -259,6 +259,8 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
             await clock.sleep(i * interval - clock.now())
             now = clock.now()
             row = sample_row(env, await client.metrics_async(), now)
+            if proxy is not None:  # the gate that decides is the proxy's
+                row.update(proxy_sample(proxy))
             recorder.sample(row)
             if isinstance(client, ReplicaSetClient):
                 for replica_row in client.replica_rows(now):

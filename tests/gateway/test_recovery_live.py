@@ -50,6 +50,10 @@ def test_the_recovery_experiment_through_the_gateway_ends_in_the_in_process_budg
     assert info["status"] == "completed" and info["controller"] == "none"
     gw = info["gateway"]
     assert gw["controller"] == "budgeter" and gw["parks"]["parked"] + gw["parks"]["waiting"] > 0
+    samples = pq.read_table(tmp_path / "live" / "runs" / f"gated-s{SEED}" / "samples.parquet").to_pydict()
+    after = [i for i, t in enumerate(samples["t_s"]) if t >= CONTROL_START_S]
+    assert all(samples["gateway_limit"][i] == 0.75 * 400_000 for i in after)  # the proxy's gate, sampled
+    assert max(samples["sessions_gateway_waiting"][i] + samples["sessions_parked"][i] for i in after) > 0
     live_collapsed, live_recovered_after_s, live_end_hit = outcome(tmp_path / "live", live.duration_s)
     assert live_collapsed == collapsed and live_recovered_after_s is not None
     assert not math.isnan(live_end_hit) and abs(live_end_hit - end_hit) < 0.05
