@@ -185,3 +185,25 @@ def test_client_keys_are_checked_and_never_sent_upstream_where_the_upstream_key_
         await up.stop()
 
     run(main())
+
+
+def test_pool_tokens_auto_reads_the_upstreams_pools_as_the_preflight_does():
+    from loadgen.gateway.proxy import read_pool_tokens
+    from tests.live.conftest import ServeSim
+
+    async def vllm_like():
+        ups = [await Upstream().start(), await Upstream().start()]  # 1000 blocks of 16 each
+        try:
+            return await read_pool_tokens([u.url for u in ups])
+        finally:
+            for u in ups:
+                await u.stop()
+
+    assert run(vllm_like()) == 2 * 16_000
+    sglang = ServeSim(1.0, "--flavor", "sglang", "--pool-tokens", "123456")
+    try:
+        assert run(read_pool_tokens([sglang.url])) == 123456
+    finally:
+        sglang.kill()
+    with pytest.raises(ValueError, match="pool_tokens: auto could not read"):
+        run(read_pool_tokens(["http://127.0.0.1:9"]))
