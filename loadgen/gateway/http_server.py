@@ -105,7 +105,7 @@ class ClientConnection(asyncio.Protocol):
                 return
             header_list = []
             length = 0
-            connection = ""
+            connection = expect = ""
             for line in lines[1:]:
                 name, sep, value = line.partition(":")
                 if not sep:
@@ -123,11 +123,15 @@ class ClientConnection(asyncio.Protocol):
                     return
                 elif lower == "connection":
                     connection = value.lower()
+                elif lower == "expect":
+                    expect = value.lower()
                 header_list.append((name, value))
             if length > self.max_body_bytes:
                 self.refuse(413, f"request body of {length} bytes, over the gateway's max_body_bytes "
                                  f"({self.max_body_bytes})")
                 return
+            if expect == "100-continue" and len(self.buf) < length:  # curl waits a second for it otherwise
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             keep_alive = connection != "close" and (parts[2] != "HTTP/1.0" or connection == "keep-alive")
             self._head = (parts[0], parts[1], header_list, keep_alive, length)
         method, target, header_list, keep_alive, length = self._head

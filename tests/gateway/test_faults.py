@@ -242,3 +242,19 @@ def test_a_pooled_connection_the_engine_closed_is_retried_on_a_fresh_one_and_hea
         up.server.close()
 
     run(main())
+
+
+def test_a_client_that_expects_100_continue_gets_it_before_sending_its_body():
+    async def main():
+        up = await Upstream().start()
+        async with running_gateway([up.url]) as gw:
+            body = completion(400, 2, stream=False)
+            reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+            writer.write(head(body, length=len(body))[:-len(body)].replace(b"\r\n\r\n", b"\r\nExpect: 100-continue\r\n\r\n"))
+            assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2.0) == b"HTTP/1.1 100 Continue\r\n\r\n"
+            writer.write(body)
+            assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2.0)).startswith(b"HTTP/1.1 200 OK")
+            writer.close()
+        await up.stop()
+
+    run(main())
