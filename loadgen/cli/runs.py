@@ -35,7 +35,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise SpecError(f"--api applies to live runs only (with --endpoint URL, or a spec whose engine is kind "
                             f"openai); {args.spec} simulates in virtual time")
         spec = spec.model_copy(update={"engine": spec.engine.model_copy(update={"api": args.api})})
-    if getattr(args, "via_gateway", False):
+    if args.via_gateway:
         if spec.engine.kind != "openai":
             raise SpecError(f"--via-gateway applies to live runs only (with --endpoint URL, or a spec whose engine is "
                             f"kind openai); {args.spec} simulates in virtual time")

@@ -80,9 +80,9 @@ class GatewayConfig(_Model):
             raise ValueError(f"an upstream is listed twice: {urls}")
         return urls
 
-    @field_validator("pool_tokens")
+    @field_validator("pool_tokens", mode="before")
     @classmethod
-    def _pool(cls, value: Union[int, str]) -> Union[int, str]:
+    def _pool(cls, value: Any) -> Any:
         if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
             raise ValueError(f"expected a number of tokens > 0 or auto, got {value!r}")
         return value
