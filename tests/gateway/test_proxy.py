@@ -207,3 +207,22 @@ def test_pool_tokens_auto_reads_the_upstreams_pools_as_the_preflight_does():
         sglang.kill()
     with pytest.raises(ValueError, match="pool_tokens: auto could not read"):
         run(read_pool_tokens(["http://127.0.0.1:9"]))
+
+
+def test_one_debug_line_per_decision_and_no_prompt_or_key_in_the_log(caplog):
+    async def main():
+        up = await Upstream().start()
+        async with running_gateway([up.url], client_keys=["sekrit-key"], upstream_key="UPKEY") as gw, \
+                aiohttp.ClientSession() as http:
+            auth = {"Authorization": "Bearer sekrit-key"}
+            for _ in range(3):
+                body = orjson.dumps({"prompt": "confidential words " * 50, "max_tokens": 3, "stream": True})
+                assert (await post(http, gateway_url(gw), body, "s", auth))[0] == 200
+        await up.stop()
+
+    with caplog.at_level("DEBUG", logger="loadgen.gateway"):
+        run(main())
+    decisions = [r.getMessage() for r in caplog.records if r.getMessage().startswith("decision")]
+    assert len(decisions) == 3 and "event=arrive" in decisions[0] and "event=turn" in decisions[1]
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "confidential" not in text and "sekrit" not in text and "UPKEY" not in text
