@@ -1,8 +1,9 @@
 """A live run through the gateway (``engine.gateway``, ``loadgen run --via-gateway``).
 
-The run starts a gateway proxy on loopback in its own event loop, in front of the spec's engine,
-with the run's limit, and sends every turn to it with a session header and Dynamo's end-of-session
-header on a session's last turn. The load generator's own gate runs ``none``: what is compared is
+The run starts a gateway proxy in front of the spec's engine with the run's limit (a local run: on
+loopback in its own event loop; a sweep: in the engine's controller actor, on the engine's node),
+and sends every turn to it with a session header and Dynamo's end-of-session header on a
+session's last turn. The load generator's own gate runs ``none``: what is compared is
 the policy enforced by the proxy, from what the proxy sees on the wire. The engine's /metrics,
 pool and cache resets are read from the engine itself (the gateway's /metrics is its own), as
 for a router in front of replicas (loadgen/live/replicas.py).
@@ -12,24 +13,27 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..core.spec import ControllerSpec, OpenAIEngineSpec
+from ..core.spec import ControllerSpec
+from ..core.spec.engines import ViaGatewaySpec
 from .config import GatewayConfig
 from .proxy import GatewayProxy, read_pool_tokens
 
 SESSION_HEADER = "X-Session-ID"
 
 
-async def start_run_gateway(engine: OpenAIEngineSpec, run_controller: ControllerSpec,
-                            time_scale: float) -> GatewayProxy:
-    via = engine.gateway
+async def start_run_gateway(via: ViaGatewaySpec, upstream: str, run_controller: ControllerSpec, time_scale: float,
+                            request_timeout_s: float, pool_tokens: Optional[int] = None,
+                            session_header: Optional[str] = None, host: str = "127.0.0.1",
+                            pool_urls: Optional[list[str]] = None) -> GatewayProxy:
+    """A proxy in front of ``upstream`` with the run's limit (``via.controller``, else the run's own),
+    listening on ``host`` (loopback; a sweep's engine node for fleets on other nodes) at a free port."""
     ctl = ControllerSpec.model_validate(via.controller) if via.controller is not None else run_controller
-    upstreams = [engine.url]
-    config = GatewayConfig(upstreams=upstreams, controller=ctl.name, controller_options=ctl.params,
-                           control_start_s=ctl.start_s, listen="127.0.0.1:0", pool_tokens=engine.pool_tokens or "auto",
-                           session_headers=[engine.session_header or SESSION_HEADER], max_park_s=via.max_park_s,
+    config = GatewayConfig(upstreams=[upstream], controller=ctl.name, controller_options=ctl.params,
+                           control_start_s=ctl.start_s, listen=f"{host}:0", pool_tokens=pool_tokens or "auto",
+                           session_headers=[session_header or SESSION_HEADER], max_park_s=via.max_park_s,
                            on_max_park=via.on_max_park, idle_timeout_s=via.idle_timeout_s,
-                           request_timeout_s=engine.request_timeout_s, time_scale=time_scale)
-    pool = engine.pool_tokens or await read_pool_tokens(engine.metrics_urls or upstreams)
+                           request_timeout_s=request_timeout_s, time_scale=time_scale)
+    pool = pool_tokens or await read_pool_tokens(pool_urls or [upstream])
     proxy = GatewayProxy(config, pool)
     await proxy.serve()
     return proxy

@@ -181,7 +181,9 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
         if engine_spec.gateway is not None:  # the limit is the proxy's (loadgen/gateway/in_run.py)
             from ..gateway.in_run import SESSION_HEADER, proxy_sample, start_run_gateway
 
-            proxy = await start_run_gateway(engine_spec, ctl, spec.time_scale)
+            proxy = await start_run_gateway(engine_spec.gateway, engine_spec.url, ctl, spec.time_scale,
+                                            engine_spec.request_timeout_s, engine_spec.pool_tokens,
+                                            engine_spec.session_header, pool_urls=engine_spec.metrics_urls)
             options.url = f"http://127.0.0.1:{proxy.port}"
             options.session_header = options.session_header or SESSION_HEADER
             replica_urls = replica_urls or [engine_spec.url]

@@ -279,6 +279,9 @@ class LaunchedEngineSpec(_Model):
     retry: RetrySpec = Field(default_factory=RetrySpec, description="Per-turn retry policy.")
     flush_before_run: bool = Field(True, description="Reset the prefix cache before each run (after warm-up probes).")
     api: Literal["completions", "chat"] = Field("completions", description=API_DESCRIPTION)
+    gateway: Optional[ViaGatewaySpec] = Field(None, description=(
+        "Put a loadgen gateway in front of each launched engine (in its controller actor, on its node): the "
+        "run's limit is enforced by the proxy (docs/gateway.md#in-experiments)."))
     tokenizer: Optional[str] = Field(None, description=(
         "A tokenizer.json or a model directory holding one (and its chat template), readable on every node: "
         "counts the text prompts of api chat; default: the server's /tokenize. serve_sim serves with it too. "
