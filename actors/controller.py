@@ -25,7 +25,7 @@ from loadgen.live.http_client import EndpointOptions, OpenAIEngineClient, Prefli
 from loadgen.live.runner import flush_before_run as live_flush_before_run, max_context_tokens
 from loadgen.core.runner import sample_row
 from loadgen.core.session import RunEnv, SessionCounts
-from loadgen.core.spec import ExperimentSpec, FlushTrigger
+from loadgen.core.spec import ControllerSpec, ExperimentSpec, FlushTrigger
 
 
 @dataclasses.dataclass
@@ -115,6 +115,21 @@ class ControllerActor:
         self.gateway: Optional[Gateway] = None
         self.gate: Optional[GateHost] = None
         self.stopped: Optional[asyncio.Event] = None
+        self.proxy = None  # a loadgen gateway in front of the engine (engine.gateway), enforcing the limit
+        self.proxy_info: Optional[dict] = None
+
+    async def start_proxy(self, engine_url: str, pool_tokens: int) -> str:
+        """engine.gateway: the proxy on the engine's host (the fleets may be on other nodes), with
+        the run's limit; returns the URL the fleets send their turns to."""
+        from urllib.parse import urlsplit
+
+        from loadgen.gateway.in_run import start_run_gateway
+
+        engine = self.spec.engine
+        host = urlsplit(engine_url).hostname
+        self.proxy = await start_run_gateway(engine.gateway, engine_url, self.spec.controller_for(self.arm),
+                                             self.spec.time_scale, engine.request_timeout_s, pool_tokens, host=host)
+        return f"http://{host}:{self.proxy.port}"
 
     async def preflight(self, pool_tokens: int, flush_before_run: bool) -> dict:
         """The live path's preflight against the run's engine; then a fresh prefix cache."""
@@ -130,6 +145,9 @@ class ControllerActor:
         self.clock = WallClock(self.spec.time_scale, origin_epoch_s=origin_epoch_s)
         self.client.clock = self.clock
         ctl = self.spec.controller_for(self.arm)
+        if self.proxy is not None:  # the proxy's gate decides, on the run's clock; this one admits everyone
+            self.proxy.reset(self.clock)
+            ctl = ControllerSpec()
         self.gateway = Gateway(self.clock, make_policy(ctl.name, **ctl.params), self.client.pool_tokens, ctl.start_s)
         self.gate = GateHost(self.gateway)
         self.stopped = asyncio.Event()
@@ -160,6 +178,11 @@ class ControllerActor:
             stop.cancel()
             await asyncio.gather(sampler, stop, *flushes, return_exceptions=True)
             await self.client.close()
+            if self.proxy is not None:
+                from loadgen.gateway.in_run import run_gateway_info
+
+                self.proxy_info = run_gateway_info(self.proxy)
+                await self.proxy.close()
         return {"flush_times_s": self.client.flush_times_s, "flush_errors": flush_errors}
 
     async def _sample_until_end(self, clock: WallClock, fleets: list, recorder) -> None:
@@ -172,11 +195,20 @@ class ControllerActor:
                 self.client.metrics_async(), asyncio.gather(*(f.counts.remote(self.run_id) for f in fleets)))
             counts = merge_counts(list(reports))
             env = RunEnv(clock, self.client, self.gateway, TurnTally(counts.turns_completed), counts.sessions)
+            row = sample_row(env, metrics, now)
+            if self.proxy is not None:
+                from loadgen.gateway.in_run import proxy_sample
+
+                row.update(proxy_sample(self.proxy))
             # awaited: the run's recorder is closed only after its last sample is in
-            await recorder.sample.remote(self.run_id, sample_row(env, metrics, now), now)
+            await recorder.sample.remote(self.run_id, row, now)
             i += 1
         # the last sample is at duration_s: wait for the run's end itself
         await clock.sleep(self.spec.duration_s - clock.now())
+
+    def gateway_info(self) -> Optional[dict]:
+        """run.json's ``gateway`` (engine.gateway): the proxy's limit and counts over the run."""
+        return self.proxy_info
 
     def stop(self) -> None:
         if self.stopped is not None:

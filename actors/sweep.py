@@ -21,7 +21,7 @@ import asyncio
 import shutil
 import tempfile
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Optional
 
@@ -41,6 +41,7 @@ from loadgen.core.session import RetryPolicy
 from loadgen.sim.cost import PRESETS
 from loadgen.core.spec import ExperimentSpec, LaunchedEngineSpec, SimEngineSpec
 from loadgen.core.workload import plan_sessions
+from loadgen.gateway.in_run import SESSION_HEADER as GATEWAY_SESSION_HEADER
 
 from .cluster import cluster_resources, num_alive_nodes
 from .controller import ControllerActor, merge_counts
@@ -337,6 +338,9 @@ class _LiveRun:
                 spec, self.key.arm, self.key.run_id, self.endpoint)
             preflight = await self.controller_actor.preflight.remote(served["pool_tokens"], engine.flush_before_run)
             self.info.update(preflight=preflight, pool_tokens=preflight["pool_tokens"])
+            if engine.gateway is not None:  # the fleets' turns go through a proxy beside the engine
+                url = await self.controller_actor.start_proxy.remote(served["url"], preflight["pool_tokens"])
+                self.endpoint = replace(self.endpoint, url=url, session_header=GATEWAY_SESSION_HEADER)
             self.prepared = True
         except Exception as exc:  # recorded in run.json; the sweep goes on
             self._fail(exc)
@@ -372,6 +376,8 @@ class _LiveRun:
                 await self._stop_sessions(ran)
                 raise (await self._engine_death(exited) if exited.done() else ran.exception())
             flushes, *fleet_counts = ran.result()
+            if sweep.engine.gateway is not None:
+                self.info["gateway"] = await self.controller_actor.gateway_info.remote()
             counts = merge_counts(fleet_counts)
             lateness = counts.lateness
             crashed = counts.sessions.crashed_total

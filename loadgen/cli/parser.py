@@ -8,6 +8,7 @@ from trace_shapes import FORMATS, TREE_FORMATS, TREE_PRESETS
 
 from ..version import __version__
 
+from .gateway import add_gateway_parser
 from .runs import _cmd_report, _cmd_run, _cmd_sweep, _cmd_validate
 from routers import ROUTERS
 
@@ -34,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--time-scale", type=float, help="compress every workload time X-fold (live runs only)")
     run.add_argument("--api", choices=("completions", "chat"),
                      help="the endpoint's API for a live run (default: the spec's engine.api, else completions)")
+    run.add_argument("--via-gateway", action="store_true",
+                     help="live runs: every turn through a loadgen gateway in front of the engine, which enforces "
+                          "the run's limit (docs/gateway.md#in-experiments)")
     run.add_argument("--cost-model", metavar="PRESET_OR_JSON",
                      help="simulate with these step costs (a preset, or the cost.json `loadgen calibrate` wrote), "
                           "written into the run's spec")
@@ -185,4 +189,6 @@ def build_parser() -> argparse.ArgumentParser:
     describe.add_argument("--seed", type=int, default=0, help="tracelab-synthetic, tree presets: generator seed")
     describe.add_argument("--json", action="store_true", help="print the numbers as JSON")
     describe.set_defaults(func=_cmd_shapes)
+
+    add_gateway_parser(sub)
     return parser

@@ -35,6 +35,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise SpecError(f"--api applies to live runs only (with --endpoint URL, or a spec whose engine is kind "
                             f"openai); {args.spec} simulates in virtual time")
         spec = spec.model_copy(update={"engine": spec.engine.model_copy(update={"api": args.api})})
+    if args.via_gateway:
+        if spec.engine.kind != "openai":
+            raise SpecError(f"--via-gateway applies to live runs only (with --endpoint URL, or a spec whose engine is "
+                            f"kind openai); {args.spec} simulates in virtual time")
+        from ..core.spec.engines import ViaGatewaySpec
+
+        engine = spec.engine.model_copy(update={"gateway": spec.engine.gateway or ViaGatewaySpec()})
+        spec = spec.model_copy(update={"engine": engine})
     if args.cost_model is not None:
         if spec.engine.kind != "sim":
             raise SpecError(f"--cost-model applies to simulated runs; {args.spec if not args.endpoint else '--endpoint'}"

@@ -28,6 +28,7 @@ class TurnRequest:
     # the prompt as chat messages or text, for HTTP engines that send text (loadgen/live/chat.py);
     # prompt_tokens stays the planned length, which that text is built to
     prompt_content: Optional[Union[str, list]] = None
+    final: bool = False  # the session's last turn (a gateway in front of the engine ends the session after it)
 
 
 @dataclass(frozen=True)

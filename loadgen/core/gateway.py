@@ -133,6 +133,18 @@ class Gateway:
         if not self._uncontrolled:
             self._readmit()
 
+    def admit_now(self, session: Any) -> bool:
+        """Admit a waiting session whatever the policy says (the HTTP gateway's maximum park
+        time, like ThunderAgent's forced resume); False when it is not in a queue."""
+        for queue in (self.parked, self.waiting_new):
+            for entry in queue:
+                if entry[0] == session:
+                    queue.remove(entry)
+                    self._activate(session, entry[1])
+                    entry[2].set_result(None)
+                    return True
+        return False
+
     # ---------------------------------------------------------------- internals
     def _activate(self, session: Any, demand_tokens: int) -> None:
         self.active[session] = demand_tokens

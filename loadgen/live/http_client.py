@@ -359,6 +359,8 @@ class OpenAIEngineClient:
             headers = {**headers, "X-Loadgen-Prefix-Tokens": str(request.shared_prefix_tokens)}
         if self.options.session_header:
             headers = {**headers, self.options.session_header: self.session_value(request.session_id)}
+            if request.final:  # Dynamo's end-of-session header, which loadgen gateway reads too
+                headers["x-dynamo-session-final"] = "true"
         prompt = self._prompt(request)
         if isinstance(prompt, (TokenIds, Messages)):  # its JSON kept up to date as the context grows
             fields = orjson.dumps(self._body(request, None))  # '{"model":..,"prompt":null,..}'

@@ -30,7 +30,7 @@ from .replicas import ReplicaSetClient, make_client
 from ..core.recording import RunRecorder, warm_up as warm_up_recording, write_json_atomic
 from ..core.runner import run_info, sample_row
 from ..core.session import RetryPolicy, RunEnv, run_session_recording_crashes
-from ..core.spec import ExperimentSpec, FlushTrigger, OpenAIEngineSpec
+from ..core.spec import ControllerSpec, ExperimentSpec, FlushTrigger, OpenAIEngineSpec
 from ..core.workload import plan_sessions
 
 
@@ -175,10 +175,21 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
     info = run_info(spec, key, "openai", engine_spec.pool_tokens, endpoint=engine_spec.url,
                     time_scale=spec.time_scale)
     write_json_atomic(run_dir / "run.json", info)
-    client = None
+    client = proxy = None
     try:  # everything before the first turn: a failure here ends the run "failed", never "running"
-        client = make_client(WallClock(spec.time_scale), endpoint_options(engine_spec, key.run_id),
-                             engine_spec.metrics_urls, transport)
+        options = endpoint_options(engine_spec, key.run_id)
+        replica_urls = engine_spec.metrics_urls
+        if engine_spec.gateway is not None:  # the limit is the proxy's (loadgen/gateway/in_run.py)
+            from ..gateway.in_run import SESSION_HEADER, proxy_sample, start_run_gateway
+
+            proxy = await start_run_gateway(engine_spec.gateway, engine_spec.url, ctl, spec.time_scale,
+                                            engine_spec.request_timeout_s, engine_spec.pool_tokens,
+                                            engine_spec.session_header, pool_urls=engine_spec.metrics_urls)
+            options.url = f"http://127.0.0.1:{proxy.port}"
+            options.session_header = options.session_header or SESSION_HEADER
+            replica_urls = replica_urls or [engine_spec.url]
+            ctl = ControllerSpec()
+        client = make_client(WallClock(spec.time_scale), options, replica_urls, transport)
         plans = plan_sessions(spec, arm, key.seed)  # a trace that cannot be read fails before any load
         info["preflight"] = await client.preflight(max_context_tokens(spec), engine_spec.pool_tokens)
         info["pool_tokens"] = client.pool_tokens
@@ -195,6 +206,8 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
         write_json_atomic(run_dir / "run.json", info)
         if client is not None:
             await client.close()
+        if proxy is not None:
+            await proxy.close()
         raise
 
     server_lateness_before = await client.server_lateness()  # serve-sim's, since it started
@@ -208,6 +221,8 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
     warm_up_recording()
     clock = WallClock(spec.time_scale)  # run time 0 is now, after the preflight
     client.clock = clock
+    if proxy is not None:
+        proxy.reset(clock)  # the proxy's gate starts with the run, on its clock
     gateway = Gateway(clock, make_policy(ctl.name, **ctl.params), client.pool_tokens, ctl.start_s)
     # a live run is not re-runnable in a second: write its rows at least every real minute
     flush_interval_s = min(spec.recording.flush_interval_s, 60.0 * spec.time_scale)
@@ -248,6 +263,8 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
             await clock.sleep(i * interval - clock.now())
             now = clock.now()
             row = sample_row(env, await client.metrics_async(), now)
+            if proxy is not None:  # the gate that decides is the proxy's
+                row.update(proxy_sample(proxy))
             recorder.sample(row)
             if isinstance(client, ReplicaSetClient):
                 for replica_row in client.replica_rows(now):
@@ -279,6 +296,11 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
             writer.shutdown()
         server_lateness = await client.server_lateness()
         await client.close()
+        if proxy is not None:
+            from ..gateway.in_run import run_gateway_info
+
+            info["gateway"] = run_gateway_info(proxy)
+            await proxy.close()
     c = env.counts
     status, error = ("engine_lost", info.get("status_reason")) if stop.is_set() else ("completed", None)
     if c.crashed_total and not stop.is_set():

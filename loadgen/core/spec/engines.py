@@ -197,6 +197,18 @@ API_DESCRIPTION = ("completions: /v1/completions with token-id prompts; chat: /v
                    "message list per session, built to exact token lengths (docs/chat.md).")
 
 
+class ViaGatewaySpec(_Model):
+    """``engine.gateway``: every turn goes through a ``loadgen gateway`` proxy the run starts in front of
+    the engine (docs/gateway.md#in-experiments); the limit is enforced there, not in the load generator."""
+
+    controller: Optional[dict[str, Any]] = Field(None, description=(
+        "The proxy's limit ({name, params, start_s} as the experiment's controller, checked with it); default: "
+        "each arm's controller, moved into the proxy (the load generator then runs uncontrolled)."))
+    max_park_s: Optional[float] = Field(None, gt=0, description="The proxy's maximum park time (run seconds).")
+    on_max_park: Literal["admit", "reject"] = Field("admit", description="At the maximum park time: admit or 429.")
+    idle_timeout_s: float = Field(300.0, gt=0, description="A session without a request this long has ended.")
+
+
 class OpenAIEngineSpec(_Model):
     """A real server: vLLM, SGLang or any OpenAI-compatible endpoint."""
 
@@ -227,6 +239,9 @@ class OpenAIEngineSpec(_Model):
     replica_header: Optional[str] = Field(None, description=(
         "A response header the router sets naming the replica that served a request (serve-sim --replicas: "
         "X-Loadgen-Replica): recorded per turn in turns.parquet replica (docs/deployments.md#serve-sim-deployments)."))
+    gateway: Optional[ViaGatewaySpec] = Field(None, description=(
+        "Put a loadgen gateway between the load generator and this engine (loadgen run --via-gateway): the "
+        "run's limit is enforced by the proxy (docs/gateway.md#in-experiments)."))
     metrics_urls: Optional[list[str]] = Field(None, description=(
         "The base URLs of the replicas behind url (a router): /metrics is scraped from each and summed into "
         "samples.parquet (each replica's in replica_samples.parquet), their pools summed into C, and "
@@ -337,6 +352,9 @@ class LaunchedEngineSpec(_Model):
     retry: RetrySpec = Field(default_factory=RetrySpec, description="Per-turn retry policy.")
     flush_before_run: bool = Field(True, description="Reset the prefix cache before each run (after warm-up probes).")
     api: Literal["completions", "chat"] = Field("completions", description=API_DESCRIPTION)
+    gateway: Optional[ViaGatewaySpec] = Field(None, description=(
+        "Put a loadgen gateway in front of each launched engine (in its controller actor, on its node): the "
+        "run's limit is enforced by the proxy (docs/gateway.md#in-experiments)."))
     tokenizer: Optional[str] = Field(None, description=(
         "A tokenizer.json or a model directory holding one (and its chat template), readable on every node: "
         "counts the text prompts of api chat; default: the server's /tokenize. serve_sim serves with it too. "

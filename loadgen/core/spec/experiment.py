@@ -145,6 +145,14 @@ class ExperimentSpec(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> "ExperimentSpec":
+        via = getattr(self.engine, "gateway", None)
+        if via is not None and via.controller is not None:
+            try:
+                ControllerSpec.model_validate(via.controller)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                where = "".join(f".{p}" for p in err["loc"])
+                raise ValueError(f"engine.gateway.controller{where}: {err['msg'].removeprefix('Value error, ')}") from None
         names = [a.name for a in self.arms]
         if len(set(names)) != len(names):
             raise ValueError(f"arm names must be unique, got {names}")

@@ -1,0 +1,61 @@
+"""A live run through the gateway (``engine.gateway``, ``loadgen run --via-gateway``).
+
+The run starts a gateway proxy in front of the spec's engine with the run's limit (a local run: on
+loopback in its own event loop; a sweep: in the engine's controller actor, on the engine's node),
+and sends every turn to it with a session header and Dynamo's end-of-session header on a
+session's last turn. The load generator's own gate runs ``none``: what is compared is
+the policy enforced by the proxy, from what the proxy sees on the wire. The engine's /metrics,
+pool and cache resets are read from the engine itself (the gateway's /metrics is its own), as
+for a router in front of replicas (loadgen/live/replicas.py).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..core.spec import ControllerSpec
+from ..core.spec.engines import ViaGatewaySpec
+from .config import GatewayConfig
+from .proxy import GatewayProxy, read_pool_tokens
+
+SESSION_HEADER = "X-Session-ID"
+
+
+async def start_run_gateway(via: ViaGatewaySpec, upstream: str, run_controller: ControllerSpec, time_scale: float,
+                            request_timeout_s: float, pool_tokens: Optional[int] = None,
+                            session_header: Optional[str] = None, host: str = "127.0.0.1",
+                            pool_urls: Optional[list[str]] = None) -> GatewayProxy:
+    """A proxy in front of ``upstream`` with the run's limit (``via.controller``, else the run's own),
+    listening on ``host`` (loopback; a sweep's engine node for fleets on other nodes) at a free port."""
+    ctl = ControllerSpec.model_validate(via.controller) if via.controller is not None else run_controller
+    config = GatewayConfig(upstreams=[upstream], controller=ctl.name, controller_options=ctl.params,
+                           control_start_s=ctl.start_s, listen=f"{host}:0", pool_tokens=pool_tokens or "auto",
+                           session_headers=[session_header or SESSION_HEADER], max_park_s=via.max_park_s,
+                           on_max_park=via.on_max_park, idle_timeout_s=via.idle_timeout_s,
+                           request_timeout_s=request_timeout_s, time_scale=time_scale)
+    pool = pool_tokens or await read_pool_tokens(pool_urls or [upstream])
+    proxy = GatewayProxy(config, pool)
+    await proxy.serve()
+    return proxy
+
+
+def proxy_sample(proxy: GatewayProxy) -> dict:
+    """samples.parquet's gate columns from the proxy's gate: its limit, admitted, waiting and parked
+    sessions (the load generator's own gate admits everyone)."""
+    gate = proxy.gate
+    return {"gateway_limit": gate.limit(), "sessions_admitted": gate.num_admitted,
+            "sessions_gateway_waiting": len(gate.waiting_new), "sessions_parked": len(gate.parked)}
+
+
+def run_gateway_info(proxy: Optional[GatewayProxy]) -> Optional[dict]:
+    """run.json's ``gateway``: the proxy's limit and what it did over the run."""
+    if proxy is None:
+        return None
+    m = proxy.metrics
+    count = lambda metric, label: int(metric.labels(label)._value.get())  # noqa: E731
+    return {"controller": proxy.config.controller, "controller_options": proxy.config.controller_options,
+            "control_start_s": proxy.config.control_start_s, "pool_tokens": proxy.pool_tokens,
+            "admissions": {how: count(m.admissions, how) for how in ("went", "admitted", "forced")},
+            "parks": {queue: count(m.parks, queue) for queue in ("parked", "waiting")},
+            "sessions_ended": {how: count(m.sessions_ended, how)
+                               for how in ("final", "idle", "failed", "client_gone", "abandoned", "rejected")}}

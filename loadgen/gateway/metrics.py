@@ -1,0 +1,84 @@
+"""What the gateway tells about itself: Prometheus ``/metrics`` and the JSON ``/status``.
+
+Names are prefixed ``loadgen_gateway_``. Gauges (sessions, queue lengths, the limit, the
+upstreams' own gauges from their last scrape) are read when scraped, from the live state;
+counters and histograms are counted as requests go.
+"""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+PARK_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class GatewayMetrics:
+    def __init__(self, proxy) -> None:
+        self.proxy = proxy
+        self.registry = registry = CollectorRegistry()
+        p = "loadgen_gateway_"
+        self.admissions = Counter(p + "admissions", "Requests let through, by how: immediately (went), after "
+                                  "waiting (admitted), at the maximum park time (forced)", ["how"], registry=registry)
+        self.parks = Counter(p + "parks", "Requests held at a turn boundary (parked) or as new sessions (waiting)",
+                             ["queue"], registry=registry)
+        self.rejected = Counter(p + "rejected", "Requests refused, by reason", ["reason"], registry=registry)
+        self.abandoned = Counter(p + "abandoned", "Requests whose client hung up while they waited",
+                                 registry=registry)
+        self.park_time = Histogram(p + "park_seconds", "Time a request was held before it went upstream "
+                                   "(gateway clock)", buckets=PARK_BUCKETS_S, registry=registry)
+        self.requests = Counter(p + "upstream_requests", "Requests sent upstream", ["upstream"], registry=registry)
+        self.errors = Counter(p + "upstream_errors", "Upstream requests that failed (unreachable, cut short, "
+                              "HTTP >= 500)", ["upstream"], registry=registry)
+        self.latency = Histogram(p + "upstream_latency_seconds", "From sending a request upstream to its last byte "
+                                 "(wall)", ["upstream"], buckets=LATENCY_BUCKETS_S, registry=registry)
+        self.sessions_ended = Counter(p + "sessions_ended", "Sessions that ended, by how", ["how"], registry=registry)
+        gate = lambda: proxy.gate  # noqa: E731 (the gate is replaced by a reset)
+        Gauge(p + "active_sessions", "Admitted sessions", registry=registry).set_function(
+            lambda: gate().num_admitted)
+        Gauge(p + "parked_sessions", "Sessions parked at a turn boundary", registry=registry).set_function(
+            lambda: len(gate().parked))
+        Gauge(p + "waiting_sessions", "New sessions waiting for admission", registry=registry).set_function(
+            lambda: len(gate().waiting_new))
+        Gauge(p + "demand_tokens", "D: the admitted sessions' demand", registry=registry).set_function(
+            lambda: gate().demand_tokens)
+        Gauge(p + "pool_tokens", "C: the KV pool the limit is computed from", registry=registry).set_function(
+            lambda: gate().pool_tokens)
+        Gauge(p + "controller_limit", "The controller's current limit (NaN: none)", registry=registry).set_function(
+            lambda: gate().limit())
+        Gauge(p + "in_flight_requests", "Requests being answered upstream", registry=registry).set_function(
+            lambda: proxy.num_in_flight)
+        self.engine = Gauge(p + "upstream_engine", "An upstream's own gauges at its last scrape (-1/NaN unknown)",
+                            ["upstream", "gauge"], registry=registry)
+
+    def engine_scraped(self, url: str, num_running: int, num_waiting: int, kv_usage: float) -> None:
+        self.engine.labels(url, "num_running").set(num_running)
+        self.engine.labels(url, "num_waiting").set(num_waiting)
+        self.engine.labels(url, "kv_usage").set(kv_usage)
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def status(proxy) -> dict:
+    """The JSON ``/status``: the gate's state, the limit, the upstreams and their last scrape."""
+    gate = proxy.gate
+    limit = gate.limit()
+    return {
+        "controller": proxy.config.controller,
+        "controller_options": proxy.config.controller_options,
+        "control_on": gate.control_on,
+        "limit": None if math.isnan(limit) else limit,
+        "pool_tokens": gate.pool_tokens,
+        "demand_tokens": gate.demand_tokens,
+        "active_sessions": gate.num_admitted,
+        "parked_sessions": len(gate.parked),
+        "waiting_sessions": len(gate.waiting_new),
+        "known_sessions": len(proxy.sessions),
+        "in_flight_requests": proxy.num_in_flight,
+        "draining": proxy.draining,
+        "clock_s": gate.clock.now(),
+        "upstreams": [{"url": url, **proxy.engine_signals.get(url, {})} for url in proxy.config.upstreams],
+    }

@@ -1,0 +1,427 @@
+"""The gateway proxy: OpenAI-compatible requests through ``core/gateway.py`` on the wall clock.
+
+Every ``POST /v1/chat/completions`` or ``/v1/completions`` is a turn boundary of its session
+(loadgen/gateway/sessions.py): a new session ``arrive``s, a known one is at ``before_turn``,
+with the demand its body states. The gate's answer is the in-process one, from the same
+``controllers/`` policy: go, or wait; a waiting request is held here and nothing goes upstream
+until the gate admits it. Its response is relayed byte for byte (streamed or not) and, once
+complete, is the turn's completion (``turn_completed``, its latency from admission on the gate's
+clock). A session ends after ``idle_timeout_s`` without a request, after a request marked
+``x-dynamo-session-final``, or when its request fails (upstream error, client hung up, refused
+at the maximum park time): the gate then has its admission or its place in a queue back.
+
+Any other path goes to an upstream as it is; ``/health``, ``/metrics`` and ``/status`` are the
+gateway's own. Prompts and keys are never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import math
+from typing import Optional
+
+import orjson
+
+from controllers import make_policy
+
+from ..core.clock import WallClock
+from ..core.gateway import Gateway
+from .config import SESSION_FINAL_HEADER, GatewayConfig
+from .http_server import ClientConnection, Request, error_body
+from .metrics import GatewayMetrics, status
+from .sessions import DemandEstimator, GatewaySession, SessionIdentifier
+from .upstream import UpstreamPool
+from .upstream_choice import CHOOSERS
+
+log = logging.getLogger("loadgen.gateway")
+
+TURN_PATHS = ("/v1/chat/completions", "/v1/completions")
+# not forwarded: per connection (RFC 9110 7.6.1), or replaced by the gateway
+DROPPED_REQUEST_HEADERS = frozenset(("connection", "keep-alive", "proxy-connection", "transfer-encoding", "te",
+                                     "trailer", "upgrade", "host", "content-length", "authorization",
+                                     "proxy-authorization", "expect"))
+DROPPED_RESPONSE_HEADERS = frozenset(("connection", "keep-alive", "transfer-encoding", "content-length", "trailer",
+                                      "upgrade", "proxy-connection"))
+USAGE_TAIL_BYTES = 64 * 1024  # a response's end, where usage is (vLLM, SGLang: the last event or field)
+
+
+def usage_from_tail(tail: bytes) -> Optional[dict]:
+    """The last ``"usage": {...}`` object in a response's end (a streamed or a whole response)."""
+    at = tail.rfind(b'"usage"')
+    while at >= 0:
+        text = tail[at + 7:].decode("utf-8", errors="replace").lstrip()
+        if text.startswith(":"):
+            try:
+                usage, _ = json.JSONDecoder().raw_decode(text[1:].lstrip())
+            except ValueError:
+                usage = None
+            if isinstance(usage, dict):
+                return usage
+        at = tail.rfind(b'"usage"', 0, at)
+    return None
+
+
+class Relay:
+    """An upstream response on its way to the client (the upstream connection's ``Sink``)."""
+
+    __slots__ = ("client", "conn", "done", "status", "started", "event_stream", "tail")
+
+    def __init__(self, client: ClientConnection) -> None:
+        self.client = client
+        self.conn = None
+        self.done = asyncio.get_running_loop().create_future()
+        self.status = 0
+        self.started = False
+        self.event_stream = False
+        self.tail = b""
+
+    def head(self, status: int, headers: list, length: Optional[int]) -> None:
+        self.status = status
+        out = []
+        for name, value in headers:
+            lower = name.lower()
+            if lower not in DROPPED_RESPONSE_HEADERS:
+                out.append((name, value))
+                if lower == "content-type" and "event-stream" in value:
+                    self.event_stream = True
+        self.client.start(status, out, length)
+        self.started = True
+
+    def body(self, data: bytes) -> None:
+        self.client.write(data)
+        tail = self.tail + data if self.tail else data
+        self.tail = tail if len(tail) <= USAGE_TAIL_BYTES else tail[-USAGE_TAIL_BYTES:]
+
+    def end(self) -> None:
+        self.client.finish()
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def error(self, message: str) -> None:
+        """``done`` gets the message (None: the response was complete)."""
+        if self.done.done():
+            return
+        self.done.set_result(message)
+        if self.started and not self.client.closed:
+            # the client's stream ends with the error: an SSE error event, then the connection closes
+            # before the response's end (no last chunk), so every HTTP client sees it cut short
+            if self.event_stream:
+                self.client.write(b"data: " + error_body(502, f"upstream failed mid-response: {message}") + b"\n\n")
+            self.client.transport.close()
+            self.client.closed = True
+
+    def client_gone(self) -> None:
+        if self.conn is not None and self.conn.sink is self:
+            self.conn.abort()
+        if not self.done.done():
+            self.done.set_result("the client hung up")
+
+    def pause(self) -> None:
+        if self.conn is not None:
+            self.conn.pause()
+
+    def resume(self) -> None:
+        if self.conn is not None:
+            self.conn.resume()
+
+
+class GatewayProxy:
+    """The gate, the sessions and the upstreams of one gateway; ``serve`` listens, ``drain`` stops."""
+
+    def __init__(self, config: GatewayConfig, pool_tokens: int, clock: Optional[WallClock] = None,
+                 client_keys: Optional[list[str]] = None, upstream_key: Optional[str] = None) -> None:
+        self.config = config
+        self.pool_tokens = pool_tokens
+        self.identify = SessionIdentifier(config.session_headers, config.fingerprint_tokens)
+        self.demand = DemandEstimator(config.default_output_tokens)
+        self.choose = CHOOSERS[config.router]
+        self.client_keys = [k.encode() for k in client_keys] if client_keys else None
+        self.upstream_headers = [("Authorization", f"Bearer {upstream_key}")] if upstream_key else []
+        self.final_header = SESSION_FINAL_HEADER.lower()
+        self.engine_signals: dict[str, dict] = {}
+        self.connections: set[ClientConnection] = set()
+        self.num_in_flight = 0  # requests sent upstream and not yet answered
+        self.num_open = 0  # requests being handled (parked ones included)
+        self.draining = False
+        self.pool: Optional[UpstreamPool] = None
+        self.server: Optional[asyncio.AbstractServer] = None
+        self._tasks: set = set()
+        self.reset(clock or WallClock(config.time_scale))
+        self.metrics = GatewayMetrics(self)
+
+    def reset(self, clock: WallClock) -> None:
+        """A fresh gate and session table on ``clock`` (an experiment's run starts at its t=0)."""
+        self.clock = clock
+        ctl = self.config
+        self.gate = Gateway(clock, make_policy(ctl.controller, **ctl.controller_options), self.pool_tokens,
+                            ctl.control_start_s)
+        self.sessions: dict[str, GatewaySession] = {}
+
+    # ---------------------------------------------------------------- serving
+    async def serve(self, host: Optional[str] = None, port: Optional[int] = None) -> asyncio.AbstractServer:
+        loop = asyncio.get_running_loop()
+        self.pool = UpstreamPool(self.config.upstreams)
+        self.server = await loop.create_server(
+            lambda: ClientConnection(self.handle, self.config.max_body_bytes, self.connections),
+            host or self.config.host, self.config.port if port is None else port, backlog=4096)
+        self._spawn(self._end_idle_sessions())
+        self._spawn(self._scrape_upstreams())
+        return self.server
+
+    @property
+    def port(self) -> int:
+        return self.server.sockets[0].getsockname()[1]
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self, timeout_s: Optional[float] = None) -> bool:
+        """Stop accepting, let requests in flight (parked ones too) finish up to ``timeout_s``
+        (wall), then close what is left. True when everything finished in time."""
+        self.draining = True
+        if self.server is not None:
+            self.server.close()
+        timeout_s = self.config.drain_timeout_s if timeout_s is None else timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.num_open and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        clean = not self.num_open
+        await self.close()
+        return clean
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for conn in list(self.connections):
+            conn.transport.abort()
+        if self.pool is not None:
+            self.pool.close()
+        if self.server is not None:
+            self.server.close()
+
+    # ---------------------------------------------------------------- requests
+    async def handle(self, req: Request, conn: ClientConnection) -> None:
+        self.num_open += 1
+        try:
+            path = req.path
+            if path == "/health":
+                conn.respond(503 if self.draining else 200,
+                             b'{"status":"draining"}' if self.draining else b'{"status":"ok"}')
+            elif self.client_keys is not None and not self._authorized(req):
+                conn.respond(401, error_body(401, "missing or wrong API key (Authorization: Bearer KEY)"))
+            elif self.draining:
+                conn._keep_alive = False
+                conn.respond(503, error_body(503, "the gateway is shutting down"))
+            elif path == "/metrics":
+                conn.respond(200, self.metrics.text(), "text/plain; version=0.0.4; charset=utf-8")
+            elif path == "/status":
+                conn.respond(200, orjson.dumps(status(self), option=orjson.OPT_SERIALIZE_NUMPY))
+            elif req.method == "POST" and path in TURN_PATHS:
+                await self._turn(req, conn)
+            else:
+                key = self.identify.from_headers(req.headers)
+                index = self.choose(key, len(self.config.upstreams)) if key else 0
+                await self._forward(req, conn, index)
+        finally:
+            self.num_open -= 1
+
+    def _authorized(self, req: Request) -> bool:
+        given = req.headers.get("authorization", "")
+        token = given[7:].strip().encode() if given[:7].lower() == "bearer " else b""
+        ok = False
+        for key in self.client_keys:  # every key compared, each in constant time
+            ok |= hmac.compare_digest(token, key)
+        return ok
+
+    async def _turn(self, req: Request, conn: ClientConnection) -> None:
+        try:
+            body = orjson.loads(req.body)
+        except orjson.JSONDecodeError as exc:
+            conn.respond(400, error_body(400, f"the request body is not JSON ({exc})"))
+            return
+        if not isinstance(body, dict):
+            conn.respond(400, error_body(400, f"the request body must be a JSON object, got {type(body).__name__}"))
+            return
+        gate, clock = self.gate, self.clock
+        key = self.identify.from_headers(req.headers) or self.identify.fingerprint(body, self.sessions)
+        session = self.sessions.get(key)
+        body_bytes = len(req.body)
+        event = "in-session"
+        if session is None:
+            session = self.sessions[key] = GatewaySession(key, clock.now())
+            demand = self.demand.demand_tokens(body, body_bytes, session)
+            event, wait = "arrive", gate.arrive(key, demand)
+        elif session.admission is not None:  # the session waits already: this request waits with it
+            demand, wait = -1, session.admission
+        elif session.in_flight:  # a second request while one is out: not a turn boundary
+            demand, wait = -1, None
+        else:
+            demand = self.demand.demand_tokens(body, body_bytes, session)
+            event, wait = "turn", gate.before_turn(key, demand)
+        if req.headers.get(self.final_header, "").lower() in ("1", "true", "yes"):
+            session.final = True
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("decision t=%.3f session=%s event=%s demand=%d -> %s active=%d D=%d parked=%d waiting=%d "
+                      "limit=%s", clock.now(), key[:14], event, demand, "go" if wait is None else "wait",
+                      gate.num_admitted, gate.demand_tokens, len(gate.parked), len(gate.waiting_new), gate.limit())
+        if wait is not None:
+            if not await self._park(session, wait, conn, "waiting" if event == "arrive" else "parked"):
+                return
+        else:
+            self.metrics.admissions.labels("went").inc()
+        admitted_s = clock.now()
+        session.in_flight += 1
+        try:
+            failure, relay = await self._forward(req, conn, self.choose(key, len(self.config.upstreams)))
+        finally:
+            session.in_flight -= 1
+            session.last_seen_s = clock.now()
+        if session.ended:
+            return
+        if failure is not None or relay.status >= 400:
+            # the turn did not happen: the session gives its admission back (a retry arrives anew)
+            self._end_session(session, "client_gone" if conn.closed else "failed")
+            return
+        usage = usage_from_tail(relay.tail)
+        if usage is not None:
+            self.demand.observe(session, body_bytes, usage, text=not isinstance(body.get("prompt"), list))
+        gate.turn_completed(key, clock.now() - admitted_s)
+        if session.final and not session.in_flight:
+            self._end_session(session, "final")
+
+    async def _park(self, session: GatewaySession, wait, conn: ClientConnection, queue: str) -> bool:
+        """Hold a request until the gate admits its session. False when it will not be sent
+        (the client hung up, or the maximum park time refused it; answered here)."""
+        cfg, clock = self.config, self.clock
+        session.admission = wait
+        self.metrics.parks.labels(queue).inc()
+        parked_s = clock.now()
+        timeout = cfg.max_park_s / cfg.time_scale if cfg.max_park_s is not None else None
+        await asyncio.wait((wait, conn.lost), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if session.ended:  # an earlier request of the session failed meanwhile
+            conn.respond(502, error_body(502, "the session's earlier request failed while this one waited"))
+            return False
+        if not wait.done():
+            if conn.closed:
+                self.metrics.abandoned.inc()
+                self._end_session(session, "abandoned")
+                return False
+            if cfg.on_max_park == "reject":
+                self.metrics.rejected.labels("max_park").inc()
+                self._end_session(session, "rejected")
+                conn.respond(429, error_body(429, f"parked for {cfg.max_park_s:g} s without admission"),
+                             headers=(("Retry-After", str(cfg.retry_after_s)),))
+                return False
+            self.gate.admit_now(session.key)
+            self.metrics.admissions.labels("forced").inc()
+        else:
+            self.metrics.admissions.labels("admitted").inc()
+        session.admission = None
+        self.metrics.park_time.observe(clock.now() - parked_s)
+        if conn.closed:
+            self.metrics.abandoned.inc()
+            self._end_session(session, "abandoned")
+            return False
+        return True
+
+    async def _forward(self, req: Request, conn: ClientConnection, index: int) -> tuple[Optional[str], Relay]:
+        """Send ``req`` to upstream ``index`` and relay its response; (failure or None, the relay)."""
+        url = self.config.upstreams[index]
+        headers = [(n, v) for n, v in req.header_list if n.lower() not in DROPPED_REQUEST_HEADERS]
+        headers += self.upstream_headers
+        data = self.pool.request_bytes(index, req.method, req.target, headers, req.body)
+        relay = Relay(conn)
+        conn.on_pause, conn.on_resume, conn.on_lost = relay.pause, relay.resume, relay.client_gone
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        self.num_in_flight += 1
+        self.metrics.requests.labels(url).inc()
+        try:
+            await self.pool.send(index, data, self.config.request_timeout_s, sink=relay)
+            failure = await relay.done
+        finally:
+            self.num_in_flight -= 1
+            conn.on_pause = conn.on_resume = conn.on_lost = None
+        self.metrics.latency.labels(url).observe(loop.time() - sent)
+        if (failure is not None and not conn.closed) or relay.status >= 500:
+            self.metrics.errors.labels(url).inc()
+        if failure is not None and not relay.started and not conn.closed:
+            conn.respond(502, error_body(502, f"upstream {url}: {failure}"))
+        return failure, relay
+
+    def _end_session(self, session: GatewaySession, how: str) -> None:
+        if session.ended:
+            return
+        session.ended = True
+        if self.sessions.get(session.key) is session:
+            del self.sessions[session.key]
+        self.gate.session_ended(session.key)
+        self.metrics.sessions_ended.labels(how).inc()
+        log.debug("session end t=%.3f session=%s how=%s", self.clock.now(), session.key[:14], how)
+
+    # ---------------------------------------------------------------- background
+    async def _end_idle_sessions(self) -> None:
+        cfg = self.config
+        interval_s = min(cfg.idle_timeout_s / 4, 1.0 * cfg.time_scale) / cfg.time_scale
+        while True:
+            await asyncio.sleep(interval_s)
+            now = self.clock.now()
+            for session in [s for s in self.sessions.values()
+                            if not s.in_flight and s.admission is None and now - s.last_seen_s > cfg.idle_timeout_s]:
+                self._end_session(session, "idle")
+
+    async def _scrape_upstreams(self) -> None:
+        from ..live.http_client import parse_metrics
+        from ..live.raw_http import RawHttpTransport
+
+        transport = RawHttpTransport()
+        try:
+            while True:
+                for url in self.config.upstreams:
+                    signals = self.engine_signals.setdefault(url, {})
+                    try:
+                        code, data = await transport.request("GET", url + "/metrics", None, {}, 10.0)
+                        if code >= 400:
+                            raise ValueError(f"HTTP {code}")
+                        m = parse_metrics(data.decode(errors="replace")).metrics
+                    except Exception as exc:  # an upstream that cannot be scraped is a signal, not a failure
+                        signals.update(error=f"{type(exc).__name__}: {exc}"[:200])
+                        continue
+                    kv = None if math.isnan(m.kv_usage) else m.kv_usage
+                    signals.update(num_running=m.num_running, num_waiting=m.num_waiting, kv_usage=kv,
+                                   scraped_s=self.clock.now(), error=None)
+                    self.metrics.engine_scraped(url, m.num_running, m.num_waiting, m.kv_usage)
+                await asyncio.sleep(self.config.scrape_interval_s)
+        finally:
+            await transport.close()
+
+
+async def read_pool_tokens(urls: list[str]) -> int:
+    """``pool_tokens: auto``: the upstreams' KV pools summed, read as the live preflight reads
+    them (/metrics, or SGLang's server info). ValueError naming what could not be read."""
+    from ..live.http_client import EndpointOptions, TransportError
+    from ..live.replicas import ReplicaSetClient
+
+    client = ReplicaSetClient(WallClock(), EndpointOptions(url=urls[0]), urls)
+    try:
+        try:
+            scraped = await client.scrape()
+        except TransportError as exc:
+            raise ValueError(f"pool_tokens: auto could not read the upstreams' /metrics ({exc}); give "
+                             "--pool-tokens N") from None
+        pool = scraped.pool_tokens
+        if not pool and scraped.server == "sglang":
+            pool = await client._sglang_pool_tokens()
+        if not pool:
+            raise ValueError("pool_tokens: auto found no KV pool size in the upstreams' /metrics (no "
+                             "vllm:cache_config_info or sglang:max_total_num_tokens): give --pool-tokens N")
+        return int(pool)
+    finally:
+        await client.close()
