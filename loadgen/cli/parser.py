@@ -66,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     map_.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"seeds at every point (default {DEFAULT_SEEDS})")
     map_.add_argument("--controllers", default=DEFAULT_CONTROLLERS,
                       help=f"controllers, each from the start of the run (default {DEFAULT_CONTROLLERS})")
+    map_.add_argument("--budgets", metavar="A[/P],...",
+                      help="search the budgeter's budget: admit fractions (park fraction: the spec's) or ADMIT/PARK "
+                           "pairs, e.g. 0.6,0.75,0.9/0.98; each budget runs the grid as its own controller in place "
+                           "of budgeter, and the recommendation picks among them (default: the spec's budget only)")
     map_.add_argument("--horizon-h", type=float, default=DEFAULT_HORIZON_H,
                       help=f"escape-time runs: hours per run, 0 to skip (default {DEFAULT_HORIZON_H:g})")
     map_.add_argument("--max-escape-rates", type=int, default=DEFAULT_MAX_ESCAPE_RATES,

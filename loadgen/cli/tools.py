@@ -25,10 +25,16 @@ def _cmd_map(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     spec_dir = Path(args.spec).resolve().parent
     try:
+        controllers = parse_controllers(args.controllers)
+        if args.budgets is not None:  # the budgets replace the spec's one budgeter
+            from ..map.budgets import BUDGETER, parse_budgets
+
+            spec_params = spec.controller.params if spec.controller.name == BUDGETER else {}
+            controllers = tuple(c for c in controllers if c != BUDGETER) + parse_budgets(args.budgets, spec_params)
         grid = MapGrid(
             rates_per_s=tuple(parse_values(args.rates, "--rates", 0.0, allow_minimum=False)),
             trigger_factors=tuple(parse_values(args.trigger_factors, "--trigger-factors", 0.0)),
-            seeds=tuple(parse_seeds(args.seeds)), controllers=parse_controllers(args.controllers),
+            seeds=tuple(parse_seeds(args.seeds)), controllers=controllers,
             horizon_s=args.horizon_h * 3600, bisect_steps=args.bisect_steps, max_escape_rates=args.max_escape_rates)
         job = map_job(spec, spec_dir, grid.trigger_factors)
         bounds = spec_bounds(spec, spec.engine.load_cost_model(spec_dir))

@@ -96,7 +96,9 @@ class MapGrid:
     max_escape_rates: int = DEFAULT_MAX_ESCAPE_RATES
 
     def __post_init__(self) -> None:
-        unknown = [c for c in self.controllers if c not in POLICIES]
+        from .budgets import controller_policy
+
+        unknown = [c for c in self.controllers if controller_policy(c)[0] not in POLICIES]
         if unknown:
             raise GridError(f"--controllers: unknown {unknown}; valid controllers: {sorted(POLICIES)}")
         if not self.controllers or not self.seeds:
@@ -164,9 +166,12 @@ def point_spec(job: MapJob, point: MapPoint) -> ExperimentSpec:
     if point.trigger_factor > 0:
         triggers.append({**job.burst.model_dump(mode="json", exclude_unset=True), "extra_rate_factor": point.trigger_factor})
     data["arms"] = [{"name": "map", "triggers": triggers}]
+    from .budgets import controller_policy
+
     ctl = job.spec.controller
-    params = ctl.params if ctl.name == point.controller else {}
-    data["controller"] = {"name": point.controller, "params": params, "start_s": 0.0}
+    name, label_params = controller_policy(point.controller)  # a budget the map searches: budgeter@A-P
+    params = {**(ctl.params if ctl.name == name else {}), **label_params}
+    data["controller"] = {"name": name, "params": params, "start_s": 0.0}
     return ExperimentSpec.model_validate(data, context={"base_dir": job.spec_dir})
 
 
