@@ -258,7 +258,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from ..analysis.compare import compare_runs, format_comparison, write_comparison
+    from ..analysis.compare import check_out_dir, compare_runs, default_out_dir, format_comparison, write_comparison
 
     for d in (args.real_dir, args.sim_dir):
         if not (Path(d) / "runs").is_dir():
@@ -267,8 +267,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         result = compare_runs(Path(args.real_dir), Path(args.sim_dir), width_s=args.window_min * 60)
     except ValueError as exc:
         raise SpecError(str(exc)) from None
+    out = Path(args.out) if args.out else default_out_dir(Path(args.real_dir), Path(args.sim_dir))
+    try:
+        check_out_dir(out, Path(args.real_dir), Path(args.sim_dir))
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
     print(format_comparison(result), flush=True)
-    out = Path(args.out) if args.out else Path(args.real_dir) / "compare"
     paths = write_comparison(result, out)
     print(f"wrote {out / 'compare.json'} and {len(paths)} figures", file=sys.stderr)
     return 0
