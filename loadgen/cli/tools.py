@@ -145,6 +145,14 @@ def _cmd_serve_sim(args: argparse.Namespace) -> int:
             raise SpecError(f"--tokenizer: {exc}") from None
     server = SimServer(config, cost, time_scale=args.time_scale, model=args.model, tokenizer=tokenizer,
                        chat_only=args.chat_only)
+    import logging
+
+    # serve-sim's own lines (a client hang-up) on stderr as they are, nothing of other loggers
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log = logging.getLogger("loadgen.serve_sim")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
 
     async def main() -> None:
         await serve(server, args.host, args.port)
