@@ -8,6 +8,7 @@ from trace_shapes import FORMATS
 
 from ..version import __version__
 
+from .help import apply_help
 from .runs import _cmd_report, _cmd_run, _cmd_sweep, _cmd_validate
 from .tools import SHAPE_NAMES, _cmd_calibrate, _cmd_compare, _cmd_cost_fit, _cmd_map, _cmd_serve_sim, _cmd_shapes
 
@@ -84,8 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     map_.set_defaults(func=_cmd_map)
 
     serve = sub.add_parser("serve-sim", help="serve the simulated engine behind vLLM's HTTP API")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on; 0.0.0.0 serves other machines too (default 127.0.0.1: this one)")
+    serve.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
     serve.add_argument("--time-scale", type=float, default=1.0, help="run the engine X times faster than real time")
     serve.add_argument("--pool-tokens", type=int, default=400_000, help="KV pool C in tokens")
     serve.add_argument("--block-size", type=int, default=16)
@@ -111,10 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_cmd_serve_sim)
 
     report = sub.add_parser("report", help="rebuild summary.json, print the paired table, write figures")
-    report.add_argument("dir", help="results directory written by `loadgen run`")
+    report.add_argument("dir", help="results directory written by `loadgen run` (with --html, also `loadgen map`)")
     report.add_argument("--no-figures", action="store_true")
     report.add_argument("--compare-arms", metavar="A,B",
                         help="paired by seed, B - A for each metric: median, bootstrap 95%% interval, sign test")
+    report.add_argument("--html", action="store_true",
+                        help="also write DIR/report.html: one self-contained page (warnings, tables, figures inline, "
+                             "the spec) to open or attach to a ticket; DIR may be a map directory")
     report.set_defaults(func=_cmd_report)
 
     cal = sub.add_parser("calibrate", help="fit the simulator's step-cost model to a real engine")
@@ -174,4 +179,4 @@ def build_parser() -> argparse.ArgumentParser:
     describe.add_argument("--seed", type=int, default=0, help="tracelab-synthetic: generator seed")
     describe.add_argument("--json", action="store_true", help="print the numbers as JSON")
     describe.set_defaults(func=_cmd_shapes)
-    return parser
+    return apply_help(parser)

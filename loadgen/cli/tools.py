@@ -210,6 +210,12 @@ def _cmd_shapes(args: argparse.Namespace) -> int:
         sessions = select_models(sessions, args.model)
     except ValueError as exc:
         hint = "" if Path(args.source).exists() else f" (names: {', '.join(SHAPE_NAMES)})"
+        if args.format is None and Path(args.source).is_file():  # read as shapes: say what it looks like
+            from trace_shapes.guess import guess_format
+
+            guessed = guess_format(args.source)
+            if guessed not in (None, "shapes"):
+                hint = f"; its rows look like {guessed} rows: try --format {guessed}"
         raise SpecError(f"{exc}{hint}") from None
     description = describe_sessions(sessions, args.truncate_at, args.over or [38_000], name=args.source)
     print(json.dumps(description, indent=1) if args.json else format_description(description, notes))
