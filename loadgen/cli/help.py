@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-DESCRIPTION = ("agent-loadgen: drive an LLM server (a real one, or a simulated vLLM / SGLang) with AI-agent "
+DESCRIPTION = ("agent-loadgen: drive an LLM server (a real one, or a simulated vLLM / SGLang) with AI-agent\n"
                "sessions and measure when its prefix cache collapses and what brings it back.")
 
 # one example per command (the path of subcommand names, space-separated)

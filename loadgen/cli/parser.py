@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     map_.add_argument("--workers", type=int, help="local processes (default: one per CPU)")
     map_.add_argument("--address", help="run on this Ray cluster instead of local processes")
     map_.add_argument("--ray", action="store_true", help="run on Ray ($RAY_ADDRESS, else a local cluster)")
-    map_.add_argument("--no-figures", action="store_true")
+    map_.add_argument("--no-figures", action="store_true", help="map.json and the report only, no PNG figures")
     map_.add_argument("--quiet", action="store_true", help="no progress lines")
     map_.set_defaults(func=_cmd_map)
 
@@ -90,12 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
     serve.add_argument("--time-scale", type=float, default=1.0, help="run the engine X times faster than real time")
     serve.add_argument("--pool-tokens", type=int, default=400_000, help="KV pool C in tokens")
-    serve.add_argument("--block-size", type=int, default=16)
-    serve.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    serve.add_argument("--max-model-len", type=int, default=40960)
+    serve.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (vLLM's --block-size)")
+    serve.add_argument("--max-num-batched-tokens", type=int, default=8192,
+                       help="tokens one engine step schedules at most (vLLM's flag of the same name)")
+    serve.add_argument("--max-model-len", type=int, default=40960,
+                       help="longest prompt + output a request may have, in tokens")
     serve.add_argument("--cost-model", default="qwen3-8b-mi300x", help="preset name or cost.json path")
     serve.add_argument("--zero-cost", action="store_true", help="every step takes no time (load-generator benchmarks)")
-    serve.add_argument("--no-prefix-caching", action="store_true")
+    serve.add_argument("--no-prefix-caching", action="store_true", help="serve with prefix caching off")
     serve.add_argument("--offload-cpu-tokens", type=int, default=None, metavar="N",
                        help="a CPU KV offload tier of N tokens (vLLM's native offloading)")
     serve.add_argument("--model", default="sim", help="the served model name")
@@ -114,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="rebuild summary.json, print the paired table, write figures")
     report.add_argument("dir", help="results directory written by `loadgen run` (with --html, also `loadgen map`)")
-    report.add_argument("--no-figures", action="store_true")
+    report.add_argument("--no-figures", action="store_true", help="summary and tables only, no PNG figures")
     report.add_argument("--compare-arms", metavar="A,B",
                         help="paired by seed, B - A for each metric: median, bootstrap 95%% interval, sign test")
     report.add_argument("--html", action="store_true",
@@ -140,14 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
     cal.set_defaults(func=_cmd_calibrate)
 
     compare = sub.add_parser("compare", help="a real engine's results beside the simulator's, run by run")
-    compare.add_argument("real_dir")
-    compare.add_argument("sim_dir")
+    compare.add_argument("real_dir", help="results directory of the runs on the real engine")
+    compare.add_argument("sim_dir", help="results directory of the same spec and seeds simulated")
     compare.add_argument("--window-min", type=float, default=5.0, help="window width in minutes")
     compare.add_argument("--out", help="where compare.json and figures go (default REAL_DIR/compare)")
     compare.set_defaults(func=_cmd_compare)
 
     validate = sub.add_parser("validate", help="check a spec without running it")
-    validate.add_argument("spec")
+    validate.add_argument("spec", help="experiment spec (YAML)")
     validate.set_defaults(func=_cmd_validate)
 
     cost = sub.add_parser("cost-fit", help="show the step-cost fit to the calibration numbers and its residuals")
