@@ -9,7 +9,7 @@ from trace_shapes import FORMATS
 from ..version import __version__
 
 from .help import apply_help
-from .runs import _cmd_report, _cmd_run, _cmd_sweep, _cmd_validate
+from .runs import _cmd_export, _cmd_report, _cmd_run, _cmd_sweep, _cmd_validate
 from .tools import SHAPE_NAMES, _cmd_calibrate, _cmd_compare, _cmd_cost_fit, _cmd_map, _cmd_serve_sim, _cmd_shapes
 
 
@@ -147,6 +147,17 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--window-min", type=float, default=5.0, help="window width in minutes")
     compare.add_argument("--out", help="where compare.json and figures go (default REAL_DIR/compare)")
     compare.set_defaults(func=_cmd_compare)
+
+    from ..analysis.export import FORMATS as EXPORT_FORMATS
+
+    export = sub.add_parser("export", help="a results directory for other tools: CSV / JSONL tables, llm-d-benchmark "
+                                           "reports, AIPerf-style profile_export.jsonl")
+    export.add_argument("dir", help="results directory written by `loadgen run`")
+    export.add_argument("--format", required=True, choices=EXPORT_FORMATS,
+                        help="csv or jsonl: turns and per-run summary tables; llm-d: a benchmark report (v0.2.1) per "
+                             "run; aiperf: a profile_export.jsonl per run (docs/results-format.md#exports)")
+    export.add_argument("--out", help="directory to write (default DIR/export/FORMAT)")
+    export.set_defaults(func=_cmd_export)
 
     validate = sub.add_parser("validate", help="check a spec without running it")
     validate.add_argument("spec", help="experiment spec (YAML)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -297,6 +298,25 @@ def _cmd_report(args: argparse.Namespace) -> int:
         path = write_results_html(out, summary, sorted((out / "figures").glob("*.png")))
         print(f"report: {path}", flush=True)
     return 1 if unreadable else 0
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from ..analysis import ResultsError, check_results_dir, write_summary
+    from ..analysis.export import export_results
+
+    try:
+        out = check_results_dir(args.dir)
+        summary = write_summary(out)
+    except ResultsError as exc:
+        raise SpecError(str(exc)) from None
+    target = Path(args.out) if args.out else out / "export" / args.format
+    try:
+        paths = export_results(out, summary, args.format, target)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    print(f"export: {len(paths)} files in {target}", flush=True)
+    for entry in summary.get("unreadable_runs") or []:
+        print(f"unreadable run {entry['run_id']} (not exported): {entry['error']}", file=sys.stderr)
+    return 1 if summary.get("unreadable_runs") else 0
 
 def _compare_arms_arg(value: str) -> tuple[str, str]:
     arms = [a.strip() for a in value.split(",")]
