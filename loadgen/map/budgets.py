@@ -10,22 +10,13 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
-from .grid import DIGITS, GridError
+from .grid import DIGITS, GridError, controller_policy
 
 BUDGETER = "budgeter"
 
 
 def budget_label(admit_fraction: float, park_fraction: float) -> str:
     return f"{BUDGETER}@{admit_fraction:g}-{park_fraction:g}"
-
-
-def controller_policy(label: str) -> tuple[str, dict]:
-    """A grid controller's policy name and the params its label sets ({} for a plain name)."""
-    name, sep, rest = label.partition("@")
-    if not sep:
-        return label, {}
-    admit, _, park = rest.partition("-")
-    return name, {"admit_fraction": float(admit), "park_fraction": float(park)}
 
 
 def budget_params(label: str, spec_params: Mapping[str, float]) -> Optional[dict]:

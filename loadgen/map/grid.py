@@ -96,8 +96,6 @@ class MapGrid:
     max_escape_rates: int = DEFAULT_MAX_ESCAPE_RATES
 
     def __post_init__(self) -> None:
-        from .budgets import controller_policy
-
         unknown = [c for c in self.controllers if controller_policy(c)[0] not in POLICIES]
         if unknown:
             raise GridError(f"--controllers: unknown {unknown}; valid controllers: {sorted(POLICIES)}")
@@ -166,13 +164,21 @@ def point_spec(job: MapJob, point: MapPoint) -> ExperimentSpec:
     if point.trigger_factor > 0:
         triggers.append({**job.burst.model_dump(mode="json", exclude_unset=True), "extra_rate_factor": point.trigger_factor})
     data["arms"] = [{"name": "map", "triggers": triggers}]
-    from .budgets import controller_policy
-
     ctl = job.spec.controller
     name, label_params = controller_policy(point.controller)  # a budget the map searches: budgeter@A-P
     params = {**(ctl.params if ctl.name == name else {}), **label_params}
     data["controller"] = {"name": name, "params": params, "start_s": 0.0}
     return ExperimentSpec.model_validate(data, context={"base_dir": job.spec_dir})
+
+
+def controller_policy(label: str) -> tuple[str, dict]:
+    """A grid controller's policy name and the params its label sets ({} for a plain name): a
+    budget the map searches is ``budgeter@A-P`` (loadgen/map/budgets.py)."""
+    name, sep, rest = label.partition("@")
+    if not sep:
+        return label, {}
+    admit, _, park = rest.partition("-")
+    return name, {"admit_fraction": float(admit), "park_fraction": float(park)}
 
 
 def parse_controllers(text: str) -> tuple[str, ...]:

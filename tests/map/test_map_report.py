@@ -8,8 +8,8 @@ import pytest
 
 from loadgen.core.spec import parse_spec
 from loadgen.map.analysis import seeds_to_show_safe, wilson_interval
-from loadgen.map.budgets import controller_policy, parse_budgets
-from loadgen.map.grid import GridError, MapGrid, MapPoint, map_job, point_spec
+from loadgen.map.budgets import parse_budgets
+from loadgen.map.grid import GridError, MapGrid, MapPoint, controller_policy, map_job, point_spec
 from loadgen.map.report import summarize_map
 from loadgen.map.bounds import spec_bounds
 from tests.conftest import make_spec_dict
