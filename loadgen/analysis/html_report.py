@@ -16,7 +16,7 @@ REPORT_FILE = "report.html"
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ccc; }
-pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 12px; line-height: 1.3; }
+pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; white-space: pre-wrap; font-size: 12px; line-height: 1.3; }
 .warnings { background: #fff3cd; border: 1px solid #e0b000; padding: 0.6em 1em; }
 .warnings li { margin: 0.2em 0; } .ok { color: #2a7a2a; }
 figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #ddd; }
