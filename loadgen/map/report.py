@@ -79,11 +79,13 @@ def recommendation(job: MapJob, grid: MapGrid, cells: Sequence[dict], bounds: Ma
             "highest_safe_rate_observed_by_factor": {f"{f:g}": highest_safe_rate(cells, label, f, key="p")
                                                      for f in grid.trigger_factors}})
     key = f"{factor:g}"
-    best = max(budgets, key=lambda b: (-1.0 if b["highest_safe_rate_by_factor"][key] is None
-                                       else b["highest_safe_rate_by_factor"][key], b["admit_fraction"]))
+    shown = any(b["highest_safe_rate_by_factor"][key] is not None for b in budgets)
+    # none shown safe: the best estimate is the budget whose estimates stay safe the longest
+    by = "highest_safe_rate_by_factor" if shown else "highest_safe_rate_observed_by_factor"
+    best = max(budgets, key=lambda b: (-1.0 if b[by][key] is None else b[by][key], b["admit_fraction"]))
     ns = [c["n"] for c in cells if c["controller"] == best["controller"] and c["trigger_factor"] == factor]
     budget = best["admit_fraction"] * C
-    return {**best, "trigger_factor": factor, "shown_safe": best["highest_safe_rate_by_factor"][key] is not None,
+    return {**best, "trigger_factor": factor, "shown_safe": shown,
             "budget_tokens": budget, "pool_tokens": C, "mean_session_demand_tokens": demand,
             "session_cap_k": int(math.floor(budget / demand)),
             "session_cap_k_hi": int(math.floor(best["park_fraction"] * C / demand)),
@@ -227,9 +229,10 @@ def _recommendation_lines(rec: dict, top: float) -> list[str]:
         return lines
     n = rec["min_seeds_per_cell"]
     observed = rec["highest_safe_rate_observed_by_factor"][factor]
-    lines.append(f"no budget recommended: none tried is shown safe at any grid rate with trigger x{factor}: with {n} "
-                 f"seeds per cell, 0 degraded still leaves P(degraded) up to {wilson_interval(0, n)[1]:.0%} (95% upper "
-                 f"bound); {rec['seeds_to_show_safe']} seeds per cell can show P < {SAFE_P:.0%}"
+    why = (f"with {n} seeds per cell, 0 degraded still leaves P(degraded) up to {wilson_interval(0, n)[1]:.0%} (95% "
+           f"upper bound); {rec['seeds_to_show_safe']} seeds per cell can show P < {SAFE_P:.0%}"
+           if n < rec["seeds_to_show_safe"] else "runs degraded at the lowest grid rate already")
+    lines.append(f"no budget recommended: none tried is shown safe at any grid rate with trigger x{factor}: {why}"
                  + (f". Best estimate: {budget}, under {SAFE_P:.0%} up to {_rate_edge(observed, top)}"
                     if observed is not None else ""))
     return lines

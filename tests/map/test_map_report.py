@@ -156,3 +156,13 @@ def test_loadgen_map_with_budgets_runs_each_budget_and_recommends_among_them(tmp
     assert "budgets tried (--budgets), admit/park: 0.6/0.95 safe" in proc.stdout
     proc = subprocess.run(args + ["--budgets", "0.9/0.5"], capture_output=True, text=True)
     assert proc.returncode == 2 and "--budgets: '0.9/0.5' needs 0 < admit_fraction <= park_fraction" in proc.stderr
+
+
+def test_with_enough_seeds_a_budget_degraded_at_the_lowest_rate_is_not_blamed_on_the_seed_count():
+    seeds = range(1, seeds_to_show_safe() + 1)
+    rows = [_row(c, rate, f, seed, c == "budgeter" and seed <= 5) for c in ("none", "budgeter") for rate in RATES
+            for f in FACTORS for seed in seeds]
+    report = _summary(rows, ("none", "budgeter"), seeds)["report"]
+    assert ("no budget recommended: none tried is shown safe at any grid rate with trigger x1.5: runs degraded at "
+            "the lowest grid rate already") in report
+    assert "0 degraded still leaves" not in report
