@@ -31,7 +31,7 @@ def test_every_command_says_what_it_is_for_shows_defaults_and_ends_with_an_examp
     parser = dict((p, sub) for p, sub, _ in subcommands(build_parser()))[path]
     text = parser.format_help()
     description = text.split("\n\n")[1]
-    assert "\n" not in description.strip() or len(description) < 200, description
+    assert len(description) < 240 and all(len(line) <= 88 for line in description.splitlines()), description
     assert description.strip().endswith(".")
     example = EXAMPLES[path]
     assert text.rstrip().endswith(f"example:\n  {example}")

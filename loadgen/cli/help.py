@@ -4,6 +4,7 @@ default and ends with one example that runs from the repository's root."""
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 DESCRIPTION = ("agent-loadgen: drive an LLM server (a real one, or a simulated vLLM / SGLang) with AI-agent\n"
                "sessions and measure when its prefix cache collapses and what brings it back.")
@@ -56,7 +57,7 @@ def apply_help(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.formatter_class = HelpFormatter
     for path, sub, line in subcommands(parser):
         if not sub.description and line:
-            sub.description = line[0].upper() + line[1:] + "."
+            sub.description = textwrap.fill(line[0].upper() + line[1:] + ".", 88)
         sub.epilog = f"example:\n  {EXAMPLES[path]}"
         sub.formatter_class = HelpFormatter
     return parser
