@@ -71,3 +71,28 @@ def test_the_html_report_of_a_map_shows_its_phase_diagram(tmp_path):
     assert "no-warnings" in page["order"]
     assert pq.read_table(out / "outcomes.parquet").num_rows == 4
     assert "budgets tried, admit/park" in (out / "report.html").read_text()
+
+
+def test_every_kind_of_warning_is_listed(tmp_path):
+    from loadgen.analysis.html_report import results_warnings
+
+    runs = tmp_path / "runs"
+    for run_id, info in {
+        "a-s1": {"status": "failed", "error": "2 session(s) crashed (sessions.parquet status 'error' has the exception)",
+                 "counts": {"sessions_crashed": 2}},
+        "a-s2": {"status": "interrupted", "error": "stopped", "counts": {"sessions_crashed": 1}},
+        "a-s3": {"status": "completed", "error": None, "lagging": True,
+                 "lag": {"p99_s": 0.4, "bound_s": 0.1, "source": "driver"}},
+        "a-s4": {"status": "completed", "error": None},
+    }.items():
+        (runs / run_id).mkdir(parents=True)
+        (runs / run_id / "run.json").write_text(json.dumps({"run_id": run_id, **info}))
+    warnings = results_warnings(tmp_path, {"unreadable_runs": [{"run_id": "a-s5", "error": "bad turns.parquet"}]})
+    assert warnings == [
+        "run a-s1 did not complete (status failed): 2 session(s) crashed (sessions.parquet status 'error' has the "
+        "exception); left out of the tables",
+        "run a-s2 did not complete (status interrupted): stopped; left out of the tables",
+        "run a-s2: 1 session(s) crashed (sessions.parquet status 'error' has the exception)",
+        "run a-s3 lagged: the driver's timers fired p99 0.4 s late (bound 0.1 s); its timings are not the spec's",
+        "unreadable run a-s5 (left out of the tables): bad turns.parquet",
+    ]

@@ -65,7 +65,7 @@ def results_warnings(results_dir: Path, summary: dict) -> list[str]:
             warnings.append(f"run {run_id} did not complete (status {info.get('status')}): {info.get('error')}; "
                             "left out of the tables")
         crashed = (info.get("counts") or {}).get("sessions_crashed")
-        if crashed and info.get("status") == "completed":  # a failed run's error already says it
+        if crashed and "crashed" not in str(info.get("error")):  # a failed run's error may say it already
             warnings.append(f"run {run_id}: {crashed} session(s) crashed (sessions.parquet status 'error' has the "
                             "exception)")
         if info.get("lagging"):
