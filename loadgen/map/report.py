@@ -138,7 +138,7 @@ def format_report(summary: dict) -> str:
     top = max(grid["rates_per_s"])
     lines.append(f"highest rate shown safe: P(degraded) < {SAFE_P:.0%} by the 95% upper bound at every grid rate up to "
                  f"it ({_seeds_per_cell(summary)} seeds per cell; 0 degraded shows it from {seeds_to_show_safe()} seeds):")
-    for f in sorted({0.0, factor}):
+    for f in sorted({0.0, factor} & set(grid["trigger_factors"])):
         label = f"trigger x{f:g}" + (" (the spec's)" if f == factor and summary["burst"] else "")
         parts = [f"{row['controller']} {_safe_text(row['highest_safe_rate'], row.get('highest_safe_rate_observed'), top)}"
                  for row in summary["boundaries"] if row["trigger_factor"] == f]
@@ -213,16 +213,16 @@ def _recommendation_lines(rec: dict, top: float) -> list[str]:
               f"the {rec['pool_tokens']:,}-token pool), park_fraction {rec['park_fraction']:g}")
     tried = rec["budgets_tried"]
     if rec.get("budgets_searched"):
-        lines = ["budgets tried (--budgets), admit/park: " + ", ".join(
-            f"{b['admit_fraction']:g}/{b['park_fraction']:g} safe "
-            + _safe_text(b["highest_safe_rate_by_factor"][factor], b["highest_safe_rate_observed_by_factor"][factor], top)
-            for b in tried) + f" (trigger x{factor})"]
+        lines = [f"budgets tried (--budgets), admit/park, and how far each is shown safe with trigger x{factor}: "
+                 + "; ".join(f"{b['admit_fraction']:g}/{b['park_fraction']:g} "
+                             + _safe_text(b["highest_safe_rate_by_factor"][factor],
+                                          b["highest_safe_rate_observed_by_factor"][factor], top) for b in tried)]
     else:
         lines = ["budgets tried, admit/park: " + ", ".join(f"{b['admit_fraction']:g}/{b['park_fraction']:g}" for b in tried)
                  + (" (the spec's, the only one; --budgets 0.6,0.75,0.9 searches several)" if len(tried) == 1 else "")]
     if rec["shown_safe"]:
-        lines.append(f"recommended: {budget}; by the 95% upper bound it keeps P(degraded) < {SAFE_P:.0%} up to "
-                     f"{_rate_edge(rec['highest_safe_rate_by_factor'][factor], top)} with trigger x{factor}. As a "
+        lines.append(f"recommended: {budget}; with trigger x{factor} it keeps P(degraded) < {SAFE_P:.0%} (95% upper "
+                     f"bound) up to {_rate_edge(rec['highest_safe_rate_by_factor'][factor], top)}. As a "
                      f"session cap for these sessions ({rec['mean_session_demand_tokens']:,.0f} tokens of demand on "
                      f"average): k = {rec['session_cap_k']}, k_hi = {rec['session_cap_k_hi']} (derived, not simulated "
                      "by this map)")

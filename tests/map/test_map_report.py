@@ -94,8 +94,8 @@ def test_with_enough_seeds_the_grid_edge_is_a_lower_limit():
     rec = summary["recommendation"]
     assert rec["shown_safe"] and rec["highest_safe_rate_by_factor"]["1.5"] == 0.045
     assert ("recommended: budgeter with admit_fraction 0.75" in summary["report"]
-            and "it keeps P(degraded) < 10% up to at least 0.045/s, the top of the grid with trigger x1.5"
-            in summary["report"])
+            and "with trigger x1.5 it keeps P(degraded) < 10% (95% upper bound) up to at least 0.045/s, the top of "
+                "the grid." in summary["report"])
 
 
 def test_budgets_the_map_searched_become_the_recommendation():
@@ -114,8 +114,8 @@ def test_budgets_the_map_searched_become_the_recommendation():
     rec = summary["recommendation"]
     assert (rec["controller"], rec["admit_fraction"], rec["park_fraction"]) == (labels[0], 0.6, 0.95)
     assert [b["highest_safe_rate_by_factor"]["1.5"] for b in rec["budgets_tried"]] == [0.045, 0.035]
-    assert ("budgets tried (--budgets), admit/park: 0.6/0.95 safe at least 0.045/s, the top of the grid, 0.9/0.98 "
-            "safe 0.035/s (trigger x1.5)") in summary["report"]
+    assert ("budgets tried (--budgets), admit/park, and how far each is shown safe with trigger x1.5: 0.6/0.95 at "
+            "least 0.045/s, the top of the grid; 0.9/0.98 0.035/s") in summary["report"]
     assert "recommended: budgeter with admit_fraction 0.6" in summary["report"]
 
 
@@ -153,7 +153,9 @@ def test_loadgen_map_with_budgets_runs_each_budget_and_recommends_among_them(tmp
     summary = json.loads((tmp_path / "m" / "map.json").read_text())
     assert summary["grid"]["controllers"] == ["none", "budgeter@0.6-0.95", "budgeter@0.9-0.98"]
     assert [b["controller"] for b in summary["recommendation"]["budgets_tried"]] == summary["grid"]["controllers"][1:]
-    assert "budgets tried (--budgets), admit/park: 0.6/0.95 safe" in proc.stdout
+    assert "budgets tried (--budgets), admit/park, and how far each is shown safe with trigger x2: 0.6/0.95" \
+        in proc.stdout
+    assert "trigger x0:" not in proc.stdout  # a grid without factor 0 has no line for it
     proc = subprocess.run(args + ["--budgets", "0.9/0.5"], capture_output=True, text=True)
     assert proc.returncode == 2 and "--budgets: '0.9/0.5' needs 0 < admit_fraction <= park_fraction" in proc.stderr
 
