@@ -142,7 +142,7 @@ def format_report(summary: dict) -> str:
         label = f"trigger x{f:g}" + (" (the spec's)" if f == factor and summary["burst"] else "")
         parts = [f"{row['controller']} {_safe_text(row['highest_safe_rate'], row.get('highest_safe_rate_observed'), top)}"
                  for row in summary["boundaries"] if row["trigger_factor"] == f]
-        lines.append(f"  {label}: " + ", ".join(parts))
+        lines.append(f"  {label}: " + "; ".join(parts))
     tips = [t for t in summary["tipping"] if t["controller"] == "none"] or summary["tipping"]
     if tips:
         lines.append(f"minimal tipping trigger ({tips[0]['controller']}; per rate, the seeds some burst up to "
