@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from loadgen.analysis.compare import compare_runs, format_comparison, write_comparison
+from loadgen.analysis.compare import comparison_figure, compare_runs, format_comparison, write_comparison
 from tests.factories import steady_turns, write_run_dir
 
 
@@ -117,3 +117,47 @@ def test_compare_names_live_runs_that_fell_behind_their_time_scale(tmp_path, cap
     # without the flag (simulated runs, older live runs) there is no warning
     assert compare_runs(sim, sim, width_s=300)["lagging"] == []
     assert "warning: lagging" not in format_comparison(compare_runs(sim, sim, width_s=300))
+
+
+def test_compare_names_its_output_by_both_directories_and_never_overwrites_another_pair(tmp_path, capsys):
+    from loadgen.cli import main
+
+    real, sim = _dir(tmp_path / "real", 0.1), _dir(tmp_path / "sim", 0.2)
+    (sim / "runs" / "only-here-s1").rename(sim / "runs" / "only-here-s2")  # a seed only the sim side has
+    assert main(["compare", str(real), str(sim)]) == 0
+    out = capsys.readouterr().out
+    assert (real / "compare-vs-sim" / "compare.json").is_file() and not (real / "compare").exists()
+    assert (f"unmatched runs (a seed or arm one side lacks; not compared): only in {real}: only-here-s1; "
+            f"only in {sim}: only-here-s2") in out
+    # the same pair again: a rerun rewrites its own output
+    assert main(["compare", str(real), str(sim)]) == 0
+    # another simulation whose directory has the same name: refused, not overwritten
+    other = _dir(tmp_path / "elsewhere" / "sim", 0.9)
+    before = (real / "compare-vs-sim" / "compare.json").read_bytes()
+    assert main(["compare", str(real), str(other)]) == 2
+    assert "holds the comparison of" in capsys.readouterr().err
+    assert (real / "compare-vs-sim" / "compare.json").read_bytes() == before
+    assert main(["compare", str(real), str(other), "--out", str(tmp_path / "cmp2")]) == 0
+
+
+def test_the_figure_says_whether_the_simulator_ran_a_preset_or_a_calibrated_model(tmp_path):
+    from loadgen.analysis.compare import describe_engine
+    from loadgen.sim.cost import PRESETS
+
+    preset = PRESETS["qwen3-8b-mi300x"].to_json()
+    assert describe_engine({"spec": {"engine": {"kind": "sim", "cost_model": "qwen3-8b-mi300x"}}}) == \
+        "simulator, preset qwen3-8b-mi300x"
+    assert describe_engine({"spec": {"engine": {"kind": "sim", "cost_model": preset}}}) == \
+        "simulator, preset qwen3-8b-mi300x"
+    fitted = {**preset, "a_s_per_token": 1e-5, "name": "cpu-fit"}
+    assert describe_engine({"spec": {"engine": {"kind": "sim", "cost_model": fitted}}}) == \
+        "simulator, calibrated cost model 'cpu-fit'"
+    assert describe_engine({"spec": {"engine": {"kind": "sim", "cost_model": "runs/cost.json"}}}) == \
+        "simulator, calibrated cost model cost.json"
+    assert describe_engine({"spec": {"engine": {"kind": "openai"}}}) == "engine openai"
+    real = _one_run(tmp_path / "real", _spec(engine={"kind": "openai", "url": "http://127.0.0.1:1/v1"}))
+    sim = _one_run(tmp_path / "sim", _spec(engine={"kind": "sim", "cost_model": "qwen3-8b-mi300x"}))
+    result = compare_runs(real, sim, width_s=300)
+    assert result["runs"][0]["sim_engine"] == "simulator, preset qwen3-8b-mi300x"
+    title = comparison_figure(result, result["runs"][0]).axes[0].get_title()
+    assert "calibrated" not in title and "sim (simulator, preset qwen3-8b-mi300x)" in title

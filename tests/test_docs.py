@@ -109,3 +109,11 @@ def test_the_reference_scan_finds_outside_files():
         == ["OUTSIDE-NOTES.md", "docs/experiments.md"]
     assert [m.group(0) for m in DOCS_REF.finditer("(docs/engine-model.md#calibration).")] \
         == ["docs/engine-model.md#calibration"]
+
+
+@pytest.mark.parametrize("package", ["loadgen/map", "loadgen/sim"])
+def test_the_readme_layout_table_names_every_module_of(package):
+    readme = (REPO / "README.md").read_text()
+    (row,) = [line for line in readme.splitlines() if line.startswith(f"| `{package}/` |")]
+    modules = sorted(p.name for p in (REPO / package).glob("*.py") if p.name != "__init__.py")
+    assert [m for m in modules if f"`{m}`" not in row] == []

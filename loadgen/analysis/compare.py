@@ -1,5 +1,5 @@
 """``loadgen compare REAL_DIR SIM_DIR``: the same spec and seeds on a real engine and in the
-calibrated simulator, side by side.
+simulator (a preset or a calibrated cost model: each side's figure title says which), side by side.
 
 Runs are matched by run id (arm x seed). Per matched run: per-window hit ratio, turn throughput
 and mean sessions in the system for both; agreement figures: whether the end state (persistently
@@ -72,6 +72,48 @@ def _check_same_workload(real_dir: Path, sim_dir: Path, run_id: str, real: dict,
                          "triggers, controller and seeds on both sides; only the engine may differ")
 
 
+def default_out_dir(real_dir: Path, sim_dir: Path) -> Path:
+    """Where a comparison goes without --out: under the real directory, named by the simulated
+    one, so comparing one real directory with two simulations keeps both."""
+    return Path(real_dir) / f"compare-vs-{Path(sim_dir).resolve().name}"
+
+
+def check_out_dir(out_dir: Path, real_dir: Path, sim_dir: Path) -> None:
+    """ValueError when ``out_dir`` holds the comparison of another pair of directories: a new
+    comparison never overwrites it silently."""
+    path = Path(out_dir) / "compare.json"
+    if not path.is_file():
+        return
+    try:
+        previous = json.loads(path.read_text())
+        pair = (Path(previous["real_dir"]).resolve(), Path(previous["sim_dir"]).resolve())
+    except (OSError, ValueError, KeyError, TypeError):
+        pair = None
+    if pair != (Path(real_dir).resolve(), Path(sim_dir).resolve()):
+        what = f"the comparison of {pair[0]} with {pair[1]}" if pair else "a compare.json it cannot read"
+        raise ValueError(f"{path} holds {what}; give --out DIR for this one (or remove it)")
+
+
+def describe_engine(info: dict) -> str:
+    """What ran a side's runs, from run.json's spec: a simulator says which cost model it used,
+    a preset or a calibrated one (a cost.json), so a figure never calls a preset calibrated."""
+    from ..sim.cost import PRESETS
+
+    engine = (info.get("spec") or {}).get("engine") or {}
+    kind = engine.get("kind") or info.get("engine")
+    if kind != "sim":
+        return f"engine {kind or 'unknown'}"
+    model = engine.get("cost_model", "qwen3-8b-mi300x")
+    if isinstance(model, dict):
+        preset = PRESETS.get(str(model.get("name")))
+        if preset is not None and preset.to_json() == model:
+            return f"simulator, preset {model['name']}"
+        return f"simulator, calibrated cost model {model.get('name', 'custom')!r}"
+    if model in PRESETS:
+        return f"simulator, preset {model}"
+    return f"simulator, calibrated cost model {Path(str(model)).name}"
+
+
 def compare_runs(real_dir: Path, sim_dir: Path, width_s: float = 300.0) -> dict:
     left_out: list[dict] = []
     real_runs = _completed_runs(real_dir, "real", left_out)
@@ -94,6 +136,7 @@ def compare_runs(real_dir: Path, sim_dir: Path, width_s: float = 300.0) -> dict:
         r_out, s_out = run_outcome(real), run_outcome(sim)
         runs.append({
             "run_id": run_id,
+            "real_engine": describe_engine(real_runs[run_id][1]), "sim_engine": describe_engine(sim_runs[run_id][1]),
             "window_starts_s": rw.window_starts_s.tolist(),
             "real": {"hit_ratio": _nan_list(rw.hit_ratio), "turns_per_s": _nan_list(rw.turns_per_s),
                      "sessions_in_system": _nan_list(r_sess), "persistently_degraded": r_out["persistently_degraded"],
@@ -140,6 +183,10 @@ def format_comparison(result: dict) -> str:
     lines.append(f"end-state agreement {100 * result['end_state_agreement']:.0f}% over {len(result['runs'])} runs; "
                  f"mean absolute hit-ratio difference per {result['window_s'] / 60:g}-min window "
                  f"{'n/a' if result['hit_ratio_mean_abs_diff'] is None else format(result['hit_ratio_mean_abs_diff'], '.3f')}")
+    unmatched = [f"only in {result[side + '_dir']}: {', '.join(result['only_' + side])}"
+                 for side in ("real", "sim") if result.get("only_" + side)]
+    if unmatched:
+        lines.append("unmatched runs (a seed or arm one side lacks; not compared): " + "; ".join(unmatched))
     if result.get("left_out"):
         lines.append(f"left out (only completed runs are compared): {_left_out_text(result['left_out'])}")
     warning = lag_warning([f"{e['side']} {e['run_id']}" for e in result.get("lagging") or []])
@@ -148,34 +195,38 @@ def format_comparison(result: dict) -> str:
     return "\n".join(lines)
 
 
+def comparison_figure(result: dict, r: dict):
+    """One matched run: hit ratio, turns/s and sessions per window, real beside sim; the title
+    says what ran each side."""
+    from matplotlib.figure import Figure
+
+    minutes = (np.array(r["window_starts_s"]) + result["window_s"] / 2) / 60
+    fig = Figure(figsize=(9, 8))
+    axes = fig.subplots(3, 1, sharex=True)
+    for ax, key, label in zip(axes, ("hit_ratio", "turns_per_s", "sessions_in_system"),
+                              ("hit ratio", "turns / s", "sessions in system")):
+        for side, style in (("real", "-o"), ("sim", "--s")):
+            values = np.array([math.nan if v is None else v for v in r[side][key]])
+            ax.plot(minutes, values, style, label=f"{side}", markersize=3)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylim(0, 1.05)
+    axes[0].legend()
+    axes[0].set_title(f"{r['run_id']}: real ({r.get('real_engine', 'engine')}) vs sim "
+                      f"({r.get('sim_engine', 'simulator')}); end state "
+                      f"{'agrees' if r['end_state_agrees'] else 'differs'}", fontsize=9)
+    axes[-1].set_xlabel("run time (minutes)")
+    fig.tight_layout()
+    return fig
+
+
 def write_comparison(result: dict, out_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out_dir / "compare.json", result)
     paths = []
     for r in result["runs"]:
-        minutes = (np.array(r["window_starts_s"]) + result["window_s"] / 2) / 60
-        fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
-        for ax, key, label in zip(axes, ("hit_ratio", "turns_per_s", "sessions_in_system"),
-                                  ("hit ratio", "turns / s", "sessions in system")):
-            for side, style in (("real", "-o"), ("sim", "--s")):
-                values = np.array([math.nan if v is None else v for v in r[side][key]])
-                ax.plot(minutes, values, style, label=f"{side}", markersize=3)
-            ax.set_ylabel(label)
-            ax.grid(alpha=0.3)
-        axes[0].set_ylim(0, 1.05)
-        axes[0].legend()
-        axes[0].set_title(f"{r['run_id']}: real engine vs calibrated simulator "
-                          f"(end state {'agrees' if r['end_state_agrees'] else 'differs'})")
-        axes[-1].set_xlabel("run time (minutes)")
         path = out_dir / f"compare-{r['run_id']}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        comparison_figure(result, r).savefig(path, dpi=100)
         paths.append(path)
     return paths

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -18,34 +18,83 @@ from .runs import RunData, load_run
 from .windows_table import read_windows
 
 
+COLLAPSED_COLOR = "0.15"
+
+
+def collapsed_run_ids(summary: Mapping[str, Any]) -> set[str]:
+    """The runs the summary judges persistently degraded: the figures draw them apart, since a
+    median over every run hides a collapsed minority."""
+    return {str(r["run_id"]) for r in summary.get("runs", []) if r.get("persistently_degraded")}
+
+
+def run_groups(runs: Sequence[RunData], collapsed: Collection[str]) -> list[tuple[str, list[RunData]]]:
+    """("healthy", runs) and ("collapsed", runs), the groups that have runs."""
+    groups = {"healthy": [], "collapsed": []}
+    for run in runs:
+        groups["collapsed" if _run_id(run) in collapsed else "healthy"].append(run)
+    return [(name, members) for name, members in groups.items() if members]
+
+
+def _run_id(run: RunData) -> str:
+    return str(run.run_json.get("run_id") or run.run_dir.name)
+
+
+def median_over_runs(values: np.ndarray) -> np.ndarray:
+    """Per column (window), the median of the runs' finite values; NaN where none is finite
+    (a chat run's windows without a first token), without numpy's All-NaN warning."""
+    values = np.where(np.isfinite(values), values, np.nan)
+    out = np.full(values.shape[1], np.nan)
+    some = np.isfinite(values).any(axis=0)
+    if some.any():
+        out[some] = np.nanmedian(values[:, some], axis=0)
+    return out
+
+
+def latency_over_time_series(runs: Sequence[RunData], column: str) -> tuple[np.ndarray, np.ndarray]:
+    """(window midpoints in minutes, median over ``runs`` of the windows' ``column``)."""
+    tables = [read_windows(r) for r in runs]
+    n = min(t.num_rows for t in tables)
+    mid_min = _minutes(np.asarray(tables[0].column("window_start_s"))[:n] + 30.0)
+    values = np.vstack([np.asarray(t.column(column).to_numpy(zero_copy_only=False), dtype=float)[:n]
+                        for t in tables])
+    return mid_min, median_over_runs(values)
+
+
 def figure_latency_over_time(runs_by_arm: Mapping[str, Sequence[RunData]], colors: Mapping[str, str],
-                             experiment: Any) -> Figure:
-    """Per arm, TTFT and turn latency p50 / p90 per 1-minute window (median over the arm's runs),
-    triggers shaded and control start marked."""
+                             experiment: Any, collapsed: Optional[Collection[str]] = None) -> Figure:
+    """Per arm, TTFT p50 / p90 per 1-minute window, the median over its healthy runs and, apart,
+    over its collapsed (persistently degraded) runs; triggers shaded and control start marked."""
+    if collapsed is None:
+        collapsed = _collapsed_by_outcome(runs_by_arm)
     arms = list(runs_by_arm)
     fig = Figure(figsize=(10, 2.4 * len(arms) + 0.8), constrained_layout=True)
     axes = fig.subplots(len(arms), 1, sharex=True, squeeze=False)[:, 0]
     for ax, arm in zip(axes, arms):
         runs = runs_by_arm[arm]
-        tables = [read_windows(r) for r in runs]
-        n = min(t.num_rows for t in tables)
-        mid_min = _minutes(np.asarray(tables[0].column("window_start_s"))[:n] + 30.0)
-        for column, style in (("ttft_p50_s", "-"), ("ttft_p90_s", "--")):
-            values = np.vstack([np.asarray(t.column(column).to_numpy(zero_copy_only=False))[:n] for t in tables])
-            with np.errstate(all="ignore"):
-                median = np.nanmedian(np.where(np.isfinite(values), values, np.nan), axis=0) if values.size else values
-            ax.plot(mid_min, median, style, color=colors[arm], linewidth=1.2,
-                    label=column.replace("_s", "").replace("_", " "))
+        groups = run_groups(runs, collapsed)
+        for group, members in groups:
+            color = colors[arm] if group == "healthy" else COLLAPSED_COLOR
+            for column, style in (("ttft_p50_s", "-"), ("ttft_p90_s", "--")):
+                mid_min, median = latency_over_time_series(members, column)
+                ax.plot(mid_min, median, style, color=color, linewidth=1.2,
+                        label=f"{group} ({len(members)}): {column.replace('_s', '').replace('_', ' ')}")
         _shade_triggers([ax], _trigger_windows(runs))
         _mark_control(ax, _control_starts_s(runs), label=True)
         ax.set_yscale("log")
         ax.set_ylabel("seconds")
-        ax.set_title(f"arm {arm}: TTFT per minute (gateway wait included), median over {len(runs)} run(s)")
+        counts = ", ".join(f"{len(m)} {g}" for g, m in groups)
+        ax.set_title(f"arm {arm}: TTFT per minute (gateway wait included), median over runs: {counts}")
         ax.grid(True, alpha=0.3)
         ax.legend(loc="upper left", fontsize="small")
     axes[-1].set_xlabel("run time (minutes)")
-    fig.suptitle(f"{experiment}: latency over time")
+    fig.suptitle(f"{experiment}: latency over time (collapsed runs apart, in black)")
     return fig
+
+
+def _collapsed_by_outcome(runs_by_arm: Mapping[str, Sequence[RunData]]) -> set[str]:
+    from .outcomes import run_outcome
+
+    return {_run_id(r) for runs in runs_by_arm.values() for r in runs if run_outcome(r)["persistently_degraded"]}
 
 
 def figure_cost_of_control(summary: Mapping[str, Any], colors: Mapping[str, str]) -> Figure:
@@ -76,34 +125,53 @@ def figure_cost_of_control(summary: Mapping[str, Any], colors: Mapping[str, str]
     return fig
 
 
+def ttft_depth_series(runs: Sequence[RunData]) -> dict[str, np.ndarray]:
+    """Median TTFT of the runs' turns (pooled) by turn index and by prompt-length decile."""
+    lats = [turn_latencies(r.turns) for r in runs]
+    turn_index = np.concatenate([x.turn_index for x in lats])
+    prompt = np.concatenate([x.prompt_tokens for x in lats])
+    ttft = np.concatenate([x.ttft_s for x in lats])
+    out = {"turn_index": np.array([]), "median_by_turn_s": np.array([]), "prompt_tokens": np.array([]),
+           "median_by_prompt_s": np.array([])}
+    if not len(ttft):
+        return out
+    indices = np.unique(turn_index[np.isfinite(turn_index)])
+    out["turn_index"] = indices
+    out["median_by_turn_s"] = np.array([nearest_rank(ttft[turn_index == i], 0.5) for i in indices])
+    edges = np.unique(np.quantile(prompt, np.linspace(0, 1, 11)))
+    if len(edges) > 1:
+        bins = np.clip(np.searchsorted(edges, prompt, side="right") - 1, 0, len(edges) - 2)
+        out["prompt_tokens"] = np.array([(edges[b] + edges[b + 1]) / 2 for b in range(len(edges) - 1)])
+        out["median_by_prompt_s"] = np.array([nearest_rank(ttft[bins == b], 0.5) for b in range(len(edges) - 1)])
+    return out
+
+
 def figure_ttft_vs_depth(runs_by_arm: Mapping[str, Sequence[RunData]], colors: Mapping[str, str],
-                         experiment: Any) -> Figure:
-    """Per arm, median TTFT by turn index and by prompt length (pooled over its runs)."""
+                         experiment: Any, collapsed: Optional[Collection[str]] = None) -> Figure:
+    """Per arm, median TTFT by turn index and by prompt length, over its healthy runs (solid)
+    and, apart, its collapsed runs (dashed): pooled, a collapsed minority would vanish under
+    the healthy runs' median."""
+    if collapsed is None:
+        collapsed = _collapsed_by_outcome(runs_by_arm)
     fig = Figure(figsize=(11, 4.2), constrained_layout=True)
     ax_turn, ax_prompt = fig.subplots(1, 2)
     for arm, runs in runs_by_arm.items():
-        lats = [turn_latencies(r.turns) for r in runs]
-        turn_index = np.concatenate([x.turn_index for x in lats])
-        prompt = np.concatenate([x.prompt_tokens for x in lats])
-        ttft = np.concatenate([x.ttft_s for x in lats])
-        if not len(ttft):
-            continue
-        indices = np.unique(turn_index[np.isfinite(turn_index)])
-        ax_turn.plot(indices, [nearest_rank(ttft[turn_index == i], 0.5) for i in indices], color=colors[arm],
-                     label=arm)
-        edges = np.unique(np.quantile(prompt, np.linspace(0, 1, 11)))
-        if len(edges) > 1:
-            bins = np.clip(np.searchsorted(edges, prompt, side="right") - 1, 0, len(edges) - 2)
-            centers = [(edges[b] + edges[b + 1]) / 2 for b in range(len(edges) - 1)]
-            ax_prompt.plot(centers, [nearest_rank(ttft[bins == b], 0.5) for b in range(len(edges) - 1)],
-                           "o-", color=colors[arm], label=arm)
+        for group, members in run_groups(runs, collapsed):
+            series = ttft_depth_series(members)
+            style = "-" if group == "healthy" else "--"
+            label = f"{arm}, {group} ({len(members)})"
+            if len(series["turn_index"]):
+                ax_turn.plot(series["turn_index"], series["median_by_turn_s"], style, color=colors[arm], label=label)
+            if len(series["prompt_tokens"]):
+                ax_prompt.plot(series["prompt_tokens"], series["median_by_prompt_s"], "o" + style, color=colors[arm],
+                               label=label)
     for ax, xlabel in ((ax_turn, "turn index"), (ax_prompt, "prompt tokens (deciles)")):
         ax.set_yscale("log")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("median TTFT (s)")
         ax.grid(True, alpha=0.3)
     ax_turn.legend(fontsize="small")
-    fig.suptitle(f"{experiment}: TTFT against context depth")
+    fig.suptitle(f"{experiment}: TTFT against context depth (healthy runs solid, collapsed runs dashed)")
     return fig
 
 
@@ -140,8 +208,9 @@ def latency_figures(runs_by_arm: Mapping[str, Sequence[RunData]], summary: Mappi
 def _latency_makers(runs_by_arm: Mapping[str, Sequence[RunData]], summary: Mapping[str, Any],
                     colors: Mapping[str, str]) -> list[tuple[str, Callable[[], Figure]]]:
     experiment = summary.get("experiment")
-    makers = [("latency-over-time.png", partial(figure_latency_over_time, runs_by_arm, colors, experiment)),
-              ("ttft-vs-depth.png", partial(figure_ttft_vs_depth, runs_by_arm, colors, experiment))]
+    collapsed = collapsed_run_ids(summary)
+    makers = [("latency-over-time.png", partial(figure_latency_over_time, runs_by_arm, colors, experiment, collapsed)),
+              ("ttft-vs-depth.png", partial(figure_ttft_vs_depth, runs_by_arm, colors, experiment, collapsed))]
     if summary.get("recovery"):
         makers.append(("cost-of-control.png", partial(figure_cost_of_control, summary, colors)))
     return makers

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .ideal import ideal_hit_lines
@@ -43,6 +44,21 @@ def fmt_number(value: Optional[float], digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 SUB_HEADERS = ["hit10m", "sess5m", "degraded", "ends", "degwin"]
+TABLE_WIDTH = 100  # a printed table fits a common terminal; more arms go to further blocks
+
+
+def _blocks(group_widths: Sequence[int], first_width: int) -> list[list[int]]:
+    """Consecutive arm indices per block, each block's line (first column, then ' | ' and a
+    group per arm) at most TABLE_WIDTH wide; an arm wider than that alone in its block."""
+    blocks: list[list[int]] = [[]]
+    width = first_width
+    for a, w in enumerate(group_widths):
+        if blocks[-1] and width + 3 + w > TABLE_WIDTH:
+            blocks.append([])
+            width = first_width
+        blocks[-1].append(a)
+        width += 3 + w
+    return blocks
 
 
 def _fmt_degraded(cell: Mapping[str, Any]) -> str:
@@ -110,27 +126,34 @@ def format_outcome_table(summary: Mapping[str, Any]) -> str:
         first = 1 + per_arm * a
         return "  ".join(cells[i].rjust(widths[i]) for i in range(first, first + per_arm))
 
-    def join(cells: Sequence[str]) -> str:
-        parts = [cells[0].rjust(widths[0])] + [group(cells, a) for a in range(len(arms))]
+    def group_width(a: int) -> int:
+        return sum(widths[1 + per_arm * a : 1 + per_arm * (a + 1)]) + gaps
+
+    def join(cells: Sequence[str], block: Sequence[int]) -> str:
+        parts = [cells[0].rjust(widths[0])] + [group(cells, a) for a in block]
         return " | ".join(parts).rstrip()
 
-    arm_titles = [" " * widths[0]] + [
-        arm.ljust(sum(widths[1 + per_arm * a : 1 + per_arm * (a + 1)]) + gaps) for a, arm in enumerate(arms)
-    ]
     pairs = summary.get("pairs") or {}
     lines = [
         f"Paired outcomes: experiment {summary.get('experiment')} "
         f"(baseline arm: {pairs.get('baseline_arm')})",
-        " | ".join(arm_titles).rstrip(),
-        join(header),
     ]
+    table = []
+    # arms side by side up to TABLE_WIDTH columns, then the next arms in a block of their own
+    for block in _blocks([group_width(a) for a in range(len(arms))], widths[0]):
+        table += [" | ".join([" " * widths[0]] + [arms[a].ljust(group_width(a)) for a in block]).rstrip(),
+                  join(header, block)]
+        table += [join(cells, block) for cells in body]
     flavors = {}
     for run in summary.get("runs") or []:
         if run.get("engine_flavor"):
             flavors.setdefault(run["arm"], set()).add(run["engine_flavor"])
-    if flavors:  # which simulated engine each arm ran on (arms may differ: arms[].engine)
-        lines.insert(1, "engine: " + ", ".join(f"{arm} on {'/'.join(sorted(flavors[arm]))}"
-                                               for arm in arms if arm in flavors))
+    if flavors:  # which engine each arm ran on (arms may differ: arms[].engine)
+        names = {arm: "/".join(FLAVOR_NAMES.get(f, f) for f in sorted(flavors[arm])) for arm in arms if arm in flavors}
+        if len(set(names.values())) == 1 and len(names) == len(arms):
+            lines.insert(1, f"engine: {next(iter(names.values()))} (every arm)")
+        else:
+            lines.insert(1, "engine per arm: " + ", ".join(f"{arm} {name}" for arm, name in names.items()))
     offload = {}
     for run in summary.get("runs") or []:
         offload.setdefault(run["arm"], set()).add(run.get("offload_cpu_tokens"))
@@ -138,12 +161,12 @@ def format_outcome_table(summary: Mapping[str, Any]) -> str:
         lines.insert(1, "CPU offload tier: " + ", ".join(
             f"{arm} " + "/".join("none" if t is None else f"{t:,} tokens" for t in sorted(offload[arm], key=str))
             for arm in arms if arm in offload))
-    lines += [join(cells) for cells in body]
-    lines.append(
+    lines += table
+    lines += textwrap.wrap(
         "hit10m: token-weighted hit ratio, last 10 min; sess5m: mean sessions in system, "
         "last 5 min; degraded: persistently degraded (final: only its final 5-min window is); "
-        f"ends: hit10m < {DEGRADED_HIT_RATIO:g}; degwin: share of the 5-min windows after the trigger that are degraded"
-    )
+        f"ends: hit10m < {DEGRADED_HIT_RATIO:g}; degwin: share of the 5-min windows after the trigger that are degraded",
+        TABLE_WIDTH, subsequent_indent="  ")
     for comparison in pairs.get("comparisons", []):
         lines.append(_fmt_comparison(comparison, str(pairs.get("baseline_arm"))))
     lines += ideal_hit_lines(summary, arms)
@@ -159,6 +182,9 @@ def format_outcome_table(summary: Mapping[str, Any]) -> str:
     if warning:
         lines.append(warning)
     return "\n".join(lines)
+
+
+FLAVOR_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 
 def drain_lines(summary: Mapping[str, Any]) -> list[str]:

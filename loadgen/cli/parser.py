@@ -9,7 +9,8 @@ from trace_shapes import FORMATS, TREE_FORMATS, TREE_PRESETS
 from ..version import __version__
 
 from .gateway import add_gateway_parser
-from .runs import _cmd_report, _cmd_run, _cmd_sweep, _cmd_validate
+from .help import apply_help
+from .runs import _cmd_export, _cmd_report, _cmd_run, _cmd_sweep, _cmd_validate
 from routers import ROUTERS
 
 from .tools import SHAPE_NAMES, _cmd_calibrate, _cmd_compare, _cmd_cost_fit, _cmd_map, _cmd_serve_sim, _cmd_shapes
@@ -77,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"controllers, each from the start of the run (default {DEFAULT_CONTROLLERS})")
     map_.add_argument("--routers", help="routers of a deployment spec (engine.replicas > 1), e.g. "
                                         "consistent_hash,cache_aware: each controller with each router")
+    map_.add_argument("--budgets", metavar="A[/P],...",
+                      help="search the budgeter's budget: admit fractions (park fraction: the spec's) or ADMIT/PARK "
+                           "pairs, e.g. 0.6,0.75,0.9/0.98; each budget runs the grid as its own controller in place "
+                           "of budgeter, and the recommendation picks among them (default: the spec's budget only)")
     map_.add_argument("--horizon-h", type=float, default=DEFAULT_HORIZON_H,
                       help=f"escape-time runs: hours per run, 0 to skip (default {DEFAULT_HORIZON_H:g})")
     map_.add_argument("--max-escape-rates", type=int, default=DEFAULT_MAX_ESCAPE_RATES,
@@ -86,21 +91,24 @@ def build_parser() -> argparse.ArgumentParser:
     map_.add_argument("--workers", type=int, help="local processes (default: one per CPU)")
     map_.add_argument("--address", help="run on this Ray cluster instead of local processes")
     map_.add_argument("--ray", action="store_true", help="run on Ray ($RAY_ADDRESS, else a local cluster)")
-    map_.add_argument("--no-figures", action="store_true")
+    map_.add_argument("--no-figures", action="store_true", help="map.json and the report only, no PNG figures")
     map_.add_argument("--quiet", action="store_true", help="no progress lines")
     map_.set_defaults(func=_cmd_map)
 
     serve = sub.add_parser("serve-sim", help="serve the simulated engine behind vLLM's HTTP API")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on; 0.0.0.0 serves other machines too (default 127.0.0.1: this one)")
+    serve.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
     serve.add_argument("--time-scale", type=float, default=1.0, help="run the engine X times faster than real time")
     serve.add_argument("--pool-tokens", type=int, default=400_000, help="KV pool C in tokens")
-    serve.add_argument("--block-size", type=int, default=16)
-    serve.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    serve.add_argument("--max-model-len", type=int, default=40960)
+    serve.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (vLLM's --block-size)")
+    serve.add_argument("--max-num-batched-tokens", type=int, default=8192,
+                       help="tokens one engine step schedules at most (vLLM's flag of the same name)")
+    serve.add_argument("--max-model-len", type=int, default=40960,
+                       help="longest prompt + output a request may have, in tokens")
     serve.add_argument("--cost-model", default="qwen3-8b-mi300x", help="preset name or cost.json path")
     serve.add_argument("--zero-cost", action="store_true", help="every step takes no time (load-generator benchmarks)")
-    serve.add_argument("--no-prefix-caching", action="store_true")
+    serve.add_argument("--no-prefix-caching", action="store_true", help="serve with prefix caching off")
     serve.add_argument("--offload-cpu-tokens", type=int, default=None, metavar="N",
                        help="a CPU KV offload tier of N tokens (vLLM's native offloading)")
     serve.add_argument("--model", default="sim", help="the served model name")
@@ -123,10 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_cmd_serve_sim)
 
     report = sub.add_parser("report", help="rebuild summary.json, print the paired table, write figures")
-    report.add_argument("dir", help="results directory written by `loadgen run`")
-    report.add_argument("--no-figures", action="store_true")
+    report.add_argument("dir", help="results directory written by `loadgen run` (with --html, also `loadgen map`)")
+    report.add_argument("--no-figures", action="store_true", help="summary and tables only, no PNG figures")
     report.add_argument("--compare-arms", metavar="A,B",
                         help="paired by seed, B - A for each metric: median, bootstrap 95%% interval, sign test")
+    report.add_argument("--html", action="store_true",
+                        help="also write DIR/report.html: one self-contained page (warnings, tables, figures inline, "
+                             "the spec) to open or attach to a ticket; DIR may be a map directory")
     report.set_defaults(func=_cmd_report)
 
     cal = sub.add_parser("calibrate", help="fit the simulator's step-cost model to a real engine")
@@ -147,14 +158,25 @@ def build_parser() -> argparse.ArgumentParser:
     cal.set_defaults(func=_cmd_calibrate)
 
     compare = sub.add_parser("compare", help="a real engine's results beside the simulator's, run by run")
-    compare.add_argument("real_dir")
-    compare.add_argument("sim_dir")
+    compare.add_argument("real_dir", help="results directory of the runs on the real engine")
+    compare.add_argument("sim_dir", help="results directory of the same spec and seeds simulated")
     compare.add_argument("--window-min", type=float, default=5.0, help="window width in minutes")
     compare.add_argument("--out", help="where compare.json and figures go (default REAL_DIR/compare)")
     compare.set_defaults(func=_cmd_compare)
 
+    from ..analysis.export import FORMATS as EXPORT_FORMATS
+
+    export = sub.add_parser("export", help="a results directory for other tools: CSV / JSONL tables, llm-d-benchmark "
+                                           "reports, AIPerf-style profile_export.jsonl")
+    export.add_argument("dir", help="results directory written by `loadgen run`")
+    export.add_argument("--format", required=True, choices=EXPORT_FORMATS,
+                        help="csv or jsonl: turns and per-run summary tables; llm-d: a benchmark report (v0.2.1) per "
+                             "run; aiperf: a profile_export.jsonl per run (docs/results-format.md#exports)")
+    export.add_argument("--out", help="directory to write (default DIR/export/FORMAT)")
+    export.set_defaults(func=_cmd_export)
+
     validate = sub.add_parser("validate", help="check a spec without running it")
-    validate.add_argument("spec")
+    validate.add_argument("spec", help="experiment spec (YAML)")
     validate.set_defaults(func=_cmd_validate)
 
     cost = sub.add_parser("cost-fit", help="show the step-cost fit to the calibration numbers and its residuals")
@@ -191,4 +213,4 @@ def build_parser() -> argparse.ArgumentParser:
     describe.set_defaults(func=_cmd_shapes)
 
     add_gateway_parser(sub)
-    return parser
+    return apply_help(parser)

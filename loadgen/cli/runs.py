@@ -3,21 +3,36 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 from ..core.spec import SpecError, load_spec, parse_seeds
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+PIPED_WIDTH = 200
+
+
+def stderr_console(**kwargs):
+    """Rich's console on stderr. Piped (no terminal, no COLUMNS), rich would lay every line out
+    in 80 columns and cut the progress lines there: a log keeps them whole instead."""
+    import os
+    import sys
+
     from rich.console import Console
+
+    piped = not sys.stderr.isatty() and not os.environ.get("COLUMNS")
+    return Console(stderr=True, width=PIPED_WIDTH if piped else None, **kwargs)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..core.runner import completed_run
     from ..experiment import run_experiment
     from ..live.progress import describe_duration, describe_estimate, wall_time_left_s
 
-    console = Console(stderr=True)
+    console = stderr_console()
     _resume_args(args)
     spec = load_spec(args.spec)
     if args.endpoint:
@@ -164,9 +179,6 @@ def _claim_results_dir(out: Path, spec, force_new_spec: bool, console) -> None:
                       soft_wrap=True)
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-
     if args.fleets is not None and args.fleets < 1:
         raise SpecError(f"--fleets must be a number of session-fleet actors >= 1, got {args.fleets}")
     try:  # Ray only for the commands that need a cluster
@@ -174,7 +186,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         from actors.sweep import SweepError, check_sweepable, run_sweep
     except ImportError as exc:
         raise SpecError(f"loadgen sweep needs Ray ({exc}): pip install 'agent-loadgen[ray]'") from None
-    console = Console(stderr=True, quiet=args.quiet)
+    console = stderr_console(quiet=args.quiet)
     spec = load_spec(args.spec)
     try:
         check_sweepable(spec)
@@ -280,10 +292,13 @@ def _report(out: Path, console, figures: bool = True, num_workers: int = 1) -> l
     return unreadable
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from ..analysis import ResultsError, check_results_dir
 
+    if args.html and (Path(args.dir) / "map.json").is_file() and not (Path(args.dir) / "runs").is_dir():
+        from ..analysis.html_report import write_map_html
+
+        print(f"report: {write_map_html(Path(args.dir))}", flush=True)
+        return 0
     try:
         out = check_results_dir(args.dir)
     except ResultsError as exc:
@@ -291,7 +306,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     arms = _compare_arms_arg(args.compare_arms) if args.compare_arms is not None else None
     from ..core.run_pool import default_workers
 
-    unreadable = _report(out, Console(stderr=True), figures=not args.no_figures, num_workers=default_workers())
+    unreadable = _report(out, stderr_console(), figures=not args.no_figures, num_workers=default_workers())
     if arms is not None:
         import json
 
@@ -302,7 +317,34 @@ def _cmd_report(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SpecError(f"--compare-arms: {exc}") from None
         print("\n" + format_arm_comparison(comparison), flush=True)
+    if args.html:
+        import json
+
+        from ..analysis.html_report import write_results_html
+
+        summary = json.loads((out / "summary.json").read_text())
+        path = write_results_html(out, summary, sorted((out / "figures").glob("*.png")))
+        print(f"report: {path}", flush=True)
     return 1 if unreadable else 0
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from ..analysis import ResultsError, check_results_dir, write_summary
+    from ..analysis.export import export_results
+
+    try:
+        out = check_results_dir(args.dir)
+        summary = write_summary(out)
+    except ResultsError as exc:
+        raise SpecError(str(exc)) from None
+    target = Path(args.out) if args.out else out / "export" / args.format
+    try:
+        paths = export_results(out, summary, args.format, target)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    print(f"export: {len(paths)} files in {target}", flush=True)
+    for entry in summary.get("unreadable_runs") or []:
+        print(f"unreadable run {entry['run_id']} (not exported): {entry['error']}", file=sys.stderr)
+    return 1 if summary.get("unreadable_runs") else 0
 
 def _compare_arms_arg(value: str) -> tuple[str, str]:
     arms = [a.strip() for a in value.split(",")]

@@ -27,11 +27,17 @@ def _cmd_map(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     spec_dir = Path(args.spec).resolve().parent
     try:
+        controllers = parse_controllers(args.controllers)
+        if args.budgets is not None:  # the budgets replace the spec's one budgeter
+            from ..map.budgets import BUDGETER, parse_budgets
+
+            spec_params = spec.controller.params if spec.controller.name == BUDGETER else {}
+            controllers = tuple(c for c in controllers if c != BUDGETER) + parse_budgets(args.budgets, spec_params)
         grid = MapGrid(
             rates_per_s=tuple(parse_values(args.rates, "--rates", 0.0, allow_minimum=False)),
             trigger_factors=tuple(parse_values(args.trigger_factors, "--trigger-factors", 0.0)),
             seeds=tuple(parse_seeds(args.seeds)),
-            controllers=with_routers(parse_controllers(args.controllers),
+            controllers=with_routers(controllers,
                                      parse_controllers(args.routers, "--routers", "consistent_hash,cache_aware")
                                      if args.routers else (), spec),
             horizon_s=args.horizon_h * 3600, bisect_steps=args.bisect_steps, max_escape_rates=args.max_escape_rates)
@@ -159,6 +165,14 @@ def _cmd_serve_sim(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SpecError(f"--router: {exc}") from None
         server, listen = DeploymentServer(servers, router, session_header=args.session_header), serve_deployment
+    import logging
+
+    # serve-sim's own lines (a client hang-up) on stderr as they are, nothing of other loggers
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log = logging.getLogger("loadgen.serve_sim")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
 
     async def main() -> None:
         await listen(server, args.host, args.port)
@@ -220,6 +234,12 @@ def _cmd_shapes(args: argparse.Namespace) -> int:
         sessions = select_models(sessions, args.model)
     except ValueError as exc:
         hint = "" if Path(args.source).exists() else f" (names: {', '.join(SHAPE_NAMES)})"
+        if args.format is None and Path(args.source).is_file():  # read as shapes: say what it looks like
+            from trace_shapes.guess import guess_format
+
+            guessed = guess_format(args.source)
+            if guessed not in (None, "shapes"):
+                hint = f"; its rows look like {guessed} rows: try --format {guessed}"
         raise SpecError(f"{exc}{hint}") from None
     description = describe_sessions(sessions, args.truncate_at, args.over or [38_000], name=args.source)
     print(json.dumps(description, indent=1) if args.json else format_description(description, notes))
@@ -327,7 +347,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from ..analysis.compare import compare_runs, format_comparison, write_comparison
+    from ..analysis.compare import check_out_dir, compare_runs, default_out_dir, format_comparison, write_comparison
 
     for d in (args.real_dir, args.sim_dir):
         if not (Path(d) / "runs").is_dir():
@@ -336,8 +356,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         result = compare_runs(Path(args.real_dir), Path(args.sim_dir), width_s=args.window_min * 60)
     except ValueError as exc:
         raise SpecError(str(exc)) from None
+    out = Path(args.out) if args.out else default_out_dir(Path(args.real_dir), Path(args.sim_dir))
+    try:
+        check_out_dir(out, Path(args.real_dir), Path(args.sim_dir))
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
     print(format_comparison(result), flush=True)
-    out = Path(args.out) if args.out else Path(args.real_dir) / "compare"
     paths = write_comparison(result, out)
     print(f"wrote {out / 'compare.json'} and {len(paths)} figures", file=sys.stderr)
     return 0

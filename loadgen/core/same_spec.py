@@ -152,6 +152,7 @@ def move_runs_aside(out_dir: Path) -> Optional[Path]:
     first N free); returns that directory, or None when there was nothing to move."""
     out_dir = Path(out_dir)
     present = [name for name in _MOVED_ASIDE if (out_dir / name).exists()]
+    present += sorted(p.name for p in out_dir.glob("compare-vs-*"))  # loadgen compare's default outputs
     if not present:
         return None
     n = 1

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from typing import Optional, Union
 
 import orjson
@@ -49,6 +50,8 @@ from .http_client import LAG_PATH
 from .tokenizer import SPECIAL_TOKENS, LocalTokenizer, render_simple, single_token_words
 from ..sim import EngineConfig, SimRequest, StepCostModel
 from ..sim.sglang_engine import SGLangConfig
+
+LOG = logging.getLogger("loadgen.serve_sim")
 
 
 class PromptMapper:
@@ -243,6 +246,7 @@ class SimServer:
         self.tokenizer = tokenizer if tokenizer is not None else WordTokenizer()
         self._text_output: Optional[TextOutput] = None
         self.chat_only = chat_only  # stands in for an endpoint that serves only /v1/chat/completions
+        self.num_client_hangups = 0
 
     def _engine(self) -> SimEngineClient:
         if self.client is None:  # needs the running loop
@@ -352,6 +356,8 @@ class SimServer:
             "# TYPE sglang:generation_tokens counter",
             f"sglang:generation_tokens_total{label} {eng.generation_tokens_total}",
             "# TYPE sglang:cached_tokens counter", f"sglang:cached_tokens_total{label} {hits}",
+            "# TYPE loadgen_serve_sim_client_hangups counter",
+            f"loadgen_serve_sim_client_hangups_total {self.num_client_hangups}",
         ]
         lag = client.clock.lateness.summary()
         for name, key in (("p50", "p50_s"), ("p99", "p99_s"), ("max", "max_s")):
@@ -404,6 +410,8 @@ class SimServer:
                 f'vllm:kv_offload_total_bytes_total{{model_name="{self.model}",transfer_type="CPU_to_GPU"}} '
                 f'{eng.kv_offload_bytes_cpu_to_gpu}',
             ]
+        lines += ["# TYPE loadgen_serve_sim_client_hangups counter",
+                  f"loadgen_serve_sim_client_hangups_total {self.num_client_hangups}"]
         # how late engine steps complete against the scaled clock, since serve-sim started
         lag = client.clock.lateness.summary()
         for name, key in (("p50", "p50_s"), ("p99", "p99_s"), ("max", "max_s")):
@@ -533,19 +541,25 @@ class SimServer:
             chunk = self._chat_chunk if chat else self._chunk
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
-            await first
-            await resp.write(_sse(chunk(request_id, output_ids[:1], body, pieces[0])))
-            await finished()
-            # per-token timing inside a request is not simulated: the rest streams at completion
-            for tok, piece in zip(output_ids[1:], pieces[1:]):
-                await resp.write(_sse(chunk(request_id, [tok], body, piece)))
-            options = body.get("stream_options") or {}
-            if options.get("include_usage"):
-                kind = "chat.completion.chunk" if chat else "text_completion"
-                await resp.write(_sse({"id": request_id, "object": kind, "model": self.model,
-                                       "choices": [], "usage": _usage(sim_req)}))
-            await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
+            sent = 0
+            try:
+                await first
+                await resp.write(_sse(chunk(request_id, output_ids[:1], body, pieces[0])))
+                sent = 1
+                await finished()
+                # per-token timing inside a request is not simulated: the rest streams at completion
+                for tok, piece in zip(output_ids[1:], pieces[1:]):
+                    await resp.write(_sse(chunk(request_id, [tok], body, piece)))
+                    sent += 1
+                options = body.get("stream_options") or {}
+                if options.get("include_usage"):
+                    kind = "chat.completion.chunk" if chat else "text_completion"
+                    await resp.write(_sse({"id": request_id, "object": kind, "model": self.model,
+                                           "choices": [], "usage": _usage(sim_req)}))
+                await resp.write(b"data: [DONE]\n\n")
+                await resp.write_eof()
+            except (ConnectionResetError, asyncio.CancelledError) as exc:
+                self._hung_up(request_id, sent, max_tokens, exc)
             return resp
         finally:
             if not recorded and self.flavor == "sglang":
@@ -578,14 +592,31 @@ class SimServer:
             return web.json_response(answer(len(ids), True), dumps=_dumps)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        await first
-        await resp.write(_sse(answer(1, len(ids) == 1)))
-        await finished()
-        for upto in range(2, len(ids) + 1):  # cumulative, as SGLang streams by default
-            await resp.write(_sse(answer(upto, upto == len(ids))))
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
+        sent = 0
+        try:
+            await first
+            await resp.write(_sse(answer(1, len(ids) == 1)))
+            sent = 1
+            await finished()
+            for upto in range(2, len(ids) + 1):  # cumulative, as SGLang streams by default
+                await resp.write(_sse(answer(upto, upto == len(ids))))
+                sent = upto
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError) as exc:
+            self._hung_up(request_id, sent, len(ids), exc)
         return resp
+
+    def _hung_up(self, request_id: str, sent: int, num_tokens: int, exc: BaseException) -> None:
+        """A client that hangs up mid-stream (a timeout, a stopped run) is normal: one line and a
+        count (``loadgen_serve_sim_client_hangups_total``), not aiohttp's traceback. A write to
+        the closed connection raises ConnectionResetError (aiohttp's ClientConnectionResetError);
+        a hang-up aiohttp noticed first cancels the handler, and the cancellation goes on."""
+        self.num_client_hangups += 1
+        LOG.info("serve-sim: a client hung up mid-stream (%s, %d of %d tokens sent); %d hang-ups so far",
+                 request_id, sent, num_tokens, self.num_client_hangups)
+        if isinstance(exc, asyncio.CancelledError):
+            raise exc
 
     def _chunk(self, request_id: str, ids: list[int], body: dict, piece: str) -> dict:
         choice = {"index": 0, "text": piece, "finish_reason": None}

@@ -43,21 +43,29 @@ def cell_table(rows: Iterable[dict]) -> list[dict]:
     return out
 
 
-def _p_by_rate(cells: Sequence[dict], controller: str, factor: float) -> list[tuple[float, float]]:
-    return sorted((c["rate_per_s"], c["p"]) for c in cells
+def _p_by_rate(cells: Sequence[dict], controller: str, factor: float, key: str = "p") -> list[tuple[float, float]]:
+    return sorted((c["rate_per_s"], c[key]) for c in cells
                   if c["controller"] == controller and c["trigger_factor"] == factor)
 
 
-def highest_safe_rate(cells: Sequence[dict], controller: str, factor: float, threshold: float = SAFE_P
-                      ) -> Optional[float]:
+def highest_safe_rate(cells: Sequence[dict], controller: str, factor: float, threshold: float = SAFE_P,
+                      key: str = "p_high") -> Optional[float]:
     """The highest grid rate up to which every rate keeps P(degraded) under ``threshold``
-    (None: not even the lowest rate does)."""
+    (None: not even the lowest rate does). By the 95% Wilson upper bound (``key="p_high"``): a
+    cell is safe only when its interval says so, so 0 of 4 degraded (upper bound 0.49) is not;
+    ``key="p"`` judges the point estimates."""
     safe = None
-    for rate, p in _p_by_rate(cells, controller, factor):
+    for rate, p in _p_by_rate(cells, controller, factor, key):
         if p >= threshold:
             break
         safe = rate
     return safe
+
+
+def seeds_to_show_safe(threshold: float = SAFE_P, z: float = Z_95) -> int:
+    """The fewest runs per cell with which 0 degraded puts the Wilson upper bound under
+    ``threshold``: z^2 / (n + z^2) < threshold."""
+    return int(math.floor(z * z * (1 - threshold) / threshold)) + 1
 
 
 def crossing_rate(cells: Sequence[dict], controller: str, factor: float, level: float) -> Optional[float]:
@@ -75,12 +83,14 @@ def crossing_rate(cells: Sequence[dict], controller: str, factor: float, level: 
 
 def boundaries(cells: Sequence[dict], controllers: Sequence[str], factors: Sequence[float]) -> list[dict]:
     """Per controller and factor: where P(degraded) reaches 10%, 50% and 90% (a crossing at the
-    lowest grid rate means at or below it: ``p_at_lowest_rate`` tells) and the highest safe rate."""
+    lowest grid rate means at or below it: ``p_at_lowest_rate`` tells), the highest safe rate by
+    the intervals' upper bounds (``highest_safe_rate``) and by the estimates (``_observed``)."""
     return [{"controller": c, "trigger_factor": f,
              "p_at_lowest_rate": (_p_by_rate(cells, c, f) or [(None, None)])[0][1],
              "rate_p10": crossing_rate(cells, c, f, SAFE_P),
              "rate_p50": crossing_rate(cells, c, f, 0.5), "rate_p90": crossing_rate(cells, c, f, COLLAPSED_P),
-             "highest_safe_rate": highest_safe_rate(cells, c, f)}
+             "highest_safe_rate": highest_safe_rate(cells, c, f),
+             "highest_safe_rate_observed": highest_safe_rate(cells, c, f, key="p")}
             for c in controllers for f in factors]
 
 

@@ -18,15 +18,6 @@ HEALTHY_BOUND_STYLE = {"color": "tab:green", "linestyle": "--", "linewidth": 1.6
 DRAIN_BOUND_STYLE = {"color": "tab:purple", "linestyle": ":", "linewidth": 1.8}
 
 
-def _edges(values: Sequence[float]) -> np.ndarray:
-    """Cell edges halfway between grid values (a lone value gets a unit-wide cell)."""
-    v = np.asarray(values, dtype=float)
-    if v.size == 1:
-        return np.array([v[0] - 0.5 * max(abs(v[0]), 1e-3), v[0] + 0.5 * max(abs(v[0]), 1e-3)])
-    mid = (v[:-1] + v[1:]) / 2
-    return np.concatenate([[v[0] - (mid[0] - v[0])], mid, [v[-1] + (v[-1] - mid[-1])]])
-
-
 def _short(value: float) -> str:
     """0.26 as .26, 1 as 1: an interval's ends fit under the estimate in a narrow cell."""
     return "1" if value >= 0.995 else "0" if value < 0.005 else f"{value:.2f}".lstrip("0")
@@ -44,47 +35,100 @@ def _matrix(cells: Sequence[dict], controller: str, rates: Sequence[float], fact
     return m
 
 
-def _draw_bounds(ax, bounds: dict) -> None:
-    ax.axvline(bounds["healthy_rate_per_s"], **HEALTHY_BOUND_STYLE,
-               label=f"healthy side: lambda T (Z+R0) L = C ({bounds['healthy_rate_per_s']:.4f}/s)")
-    ax.axvline(bounds["drain_rate_per_s"], **DRAIN_BOUND_STYLE,
-               label=f"drain: lambda = 1/S ({bounds['drain_rate_per_s']:.4f}/s)")
+def level_edges(p: np.ndarray, level: float) -> list[tuple[tuple[float, float], tuple[float, float]]]:
+    """The cell edges between a cell with P >= ``level`` and a neighbour below it, in cell-index
+    coordinates (cell (i, j) spans j-0.5..j+0.5, i-0.5..i+0.5): a boundary that follows the
+    cells the map measured instead of a contour interpolated through them."""
+    above = np.where(np.isfinite(p), p >= level, np.nan)
+    segments = []
+    rows, cols = p.shape
+    for i in range(rows):
+        for j in range(cols):
+            if j + 1 < cols and np.isfinite(above[i, j]) and np.isfinite(above[i, j + 1]) \
+                    and above[i, j] != above[i, j + 1]:
+                segments.append(((j + 0.5, i - 0.5), (j + 0.5, i + 0.5)))
+            if i + 1 < rows and np.isfinite(above[i, j]) and np.isfinite(above[i + 1, j]) \
+                    and above[i, j] != above[i + 1, j]:
+                segments.append(((j - 0.5, i + 0.5), (j + 0.5, i + 0.5)))
+    return segments
 
 
-def figure_phase_diagram(summary: dict, path: Path) -> Path:
+def _rate_axis(rates: Sequence[float]):
+    """Rate -> the cell-index x coordinate (piecewise linear between grid rates, linear beyond
+    with the end spacing), so the analytic bounds land where they fall between the cells."""
+    r = np.asarray(rates, dtype=float)
+    step_lo = r[1] - r[0] if r.size > 1 else max(abs(r[0]), 1e-3)
+    step_hi = r[-1] - r[-2] if r.size > 1 else step_lo
+
+    def x(rate: float) -> float:
+        if rate <= r[0]:
+            return (rate - r[0]) / step_lo
+        if rate >= r[-1]:
+            return r.size - 1 + (rate - r[-1]) / step_hi
+        return float(np.interp(rate, r, np.arange(r.size)))
+
+    return x
+
+
+def _label_cells(ax, rates: Sequence[float], factors: Sequence[float]) -> None:
+    """Ticks at the cells, labelled with the grid's values (every few rates on a long grid)."""
+    step = max(1, len(rates) // 12)
+    ax.set_xticks(range(0, len(rates), step), [f"{r:g}" for r in rates[::step]], rotation=45, fontsize=7)
+    ax.set_yticks(range(len(factors)), [f"x{f:g}" for f in factors])
+
+
+def phase_diagram_figure(summary: dict):
+    """The phase diagram: one panel per controller, a cell per (rate, trigger factor) of the
+    grid on evenly spaced rows and columns labelled with their values (a sparse trigger grid
+    stays a row per factor, not a stretched axis), the 10% and 90% boundaries along cell edges
+    and the analytic bounds. Returns the figure."""
     grid, bounds = summary["grid"], summary["bounds"]
     rates, factors, controllers = grid["rates_per_s"], grid["trigger_factors"], grid["controllers"]
-    xe, ye = _edges(rates), _edges(factors)
-    x_lo = min(xe[0], bounds["drain_rate_per_s"] * 0.9)
-    x_hi = max(xe[-1], min(bounds["healthy_rate_per_s"] * 1.05, xe[-1] * 1.5))
+    to_x = _rate_axis(rates)
     fig, axes = plt.subplots(1, len(controllers), figsize=(max(6.5, 0.45 * len(rates) + 1.5) * len(controllers), 6.5),
-                             squeeze=False, layout="constrained",
-                             sharey=True)
+                             squeeze=False, layout="constrained", sharey=True)
+    xe, ye = np.arange(len(rates) + 1) - 0.5, np.arange(len(factors) + 1) - 0.5
     mesh = None
     for ax, ctl in zip(axes[0], controllers):
         p = _matrix(summary["cells"], ctl, rates, factors, "p")
         lo = _matrix(summary["cells"], ctl, rates, factors, "p_low")
         hi = _matrix(summary["cells"], ctl, rates, factors, "p_high")
         mesh = ax.pcolormesh(xe, ye, p, cmap="RdYlGn_r", vmin=0, vmax=1, shading="flat")
-        if len(rates) > 1 and len(factors) > 1 and np.isfinite(p).all():
-            cs = ax.contour(rates, factors, p, levels=[0.1, 0.9], colors=["white", "black"], linewidths=1.5)
-            ax.clabel(cs, fmt={0.1: "10%", 0.9: "90%"}, fontsize=7)
+        for level, color in ((0.1, "white"), (0.9, "black")):
+            for (x0, y0), (x1, y1) in level_edges(p, level):
+                ax.plot([x0, x1], [y0, y1], color=color, linewidth=2.0, solid_capstyle="butt")
         size = 4.5 if len(rates) > 10 else 7
-        for i, f in enumerate(factors):
-            for j, r in enumerate(rates):
+        for i in range(len(factors)):
+            for j in range(len(rates)):
                 if np.isfinite(p[i, j]):
-                    ax.text(r, f, f"{p[i, j]:.2f}\n{_short(lo[i, j])}-{_short(hi[i, j])}", ha="center",
+                    ax.text(j, i, f"{p[i, j]:.2f}\n{_short(lo[i, j])}-{_short(hi[i, j])}", ha="center",
                             va="center", fontsize=size, color="black", linespacing=1.0)
-        _draw_bounds(ax, bounds)
-        ax.set_xlim(x_lo, x_hi)
+        for rate, style, label in (
+                (bounds["healthy_rate_per_s"], HEALTHY_BOUND_STYLE,
+                 f"healthy side: lambda T (Z+R0) L = C ({bounds['healthy_rate_per_s']:.4f}/s)"),
+                (bounds["drain_rate_per_s"], DRAIN_BOUND_STYLE, f"drain: lambda = 1/S ({bounds['drain_rate_per_s']:.4f}/s)")):
+            x = to_x(rate)
+            # a bound far off the grid is named at the edge it lies beyond, not drawn there
+            if -0.5 <= x <= len(rates) - 0.5:
+                ax.axvline(x, **style, label=label)
+            else:
+                ax.plot([], [], **style, label=label + (" (left of the grid)" if x < 0 else " (right of the grid)"))
+        ax.set_xlim(xe[0], xe[-1])
+        ax.set_ylim(ye[0], ye[-1])
+        _label_cells(ax, rates, factors)
         ax.set_title(f"controller: {ctl}")
         ax.set_xlabel("base arrival rate lambda (sessions/s)")
-    axes[0][0].set_ylabel("trigger: burst extra rate factor (0 = none)")
+    axes[0][0].set_ylabel("trigger: burst extra rate factor (x0 = none)")
     axes[0][0].legend(loc="upper right", fontsize=7, framealpha=0.85)
     if mesh is not None:
         fig.colorbar(mesh, ax=axes[0].tolist(), label="P(persistently degraded), cell: P and 95% Wilson interval")
-    fig.suptitle(f"{summary['experiment']}: metastability map ({len(grid['seeds'])} seeds per cell; contours "
-                 "10% and 90%)")
+    fig.suptitle(f"{summary['experiment']}: metastability map ({len(grid['seeds'])} seeds per cell; along cell edges, "
+                 "white: P reaches 10%, black: 90%)")
+    return fig
+
+
+def figure_phase_diagram(summary: dict, path: Path) -> Path:
+    fig = phase_diagram_figure(summary)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
@@ -157,7 +201,7 @@ def figure_controller(summary: dict, controller: str, path: Path) -> Path:
     grid = summary["grid"]
     rates, factors = grid["rates_per_s"], grid["trigger_factors"]
     gains = [g for g in summary["controller_gain"] if g["controller"] == controller]
-    xe, ye = _edges(rates), _edges(factors)
+    xe, ye = np.arange(len(rates) + 1) - 0.5, np.arange(len(factors) + 1) - 0.5  # a cell per grid value
     fig, axes = plt.subplots(1, 3, figsize=(18, 4.8), sharey=True)
     panels = [("moved", "P(degraded): none minus controller", "RdBu", (-1, 1)),
               ("throughput_ratio_median", "turn throughput, controller / none (both healthy)", "PuOr", (0.8, 1.2)),
@@ -168,7 +212,8 @@ def figure_controller(summary: dict, controller: str, path: Path) -> Path:
         for i, f in enumerate(factors):
             for j, r in enumerate(rates):
                 if np.isfinite(m[i, j]):
-                    ax.text(r, f, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=5 if len(rates) > 10 else 7)
+                    ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=5 if len(rates) > 10 else 7)
+        _label_cells(ax, rates, factors)
         fig.colorbar(mesh, ax=ax)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("base arrival rate lambda (sessions/s)")

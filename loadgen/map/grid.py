@@ -98,7 +98,7 @@ class MapGrid:
 
     def __post_init__(self) -> None:
         # with --routers each entry is CONTROLLER+ROUTER (with_routers): one map column per pair
-        unknown = [c for c in self.controllers if split_policy(c)[0] not in POLICIES]
+        unknown = [c for c in self.controllers if controller_policy(c)[0] not in POLICIES]
         if unknown:
             raise GridError(f"--controllers: unknown {unknown}; valid controllers: {sorted(POLICIES)}")
         unknown = sorted({split_policy(c)[1] for c in self.controllers} - {None, *ROUTERS})
@@ -172,8 +172,9 @@ def point_spec(job: MapJob, point: MapPoint) -> ExperimentSpec:
         triggers.append({**job.burst.model_dump(mode="json", exclude_unset=True), "extra_rate_factor": point.trigger_factor})
     data["arms"] = [{"name": "map", "triggers": triggers}]
     ctl = job.spec.controller
-    name, router = split_policy(point.controller)
-    params = ctl.params if ctl.name == name else {}
+    label, router = split_policy(point.controller)
+    name, label_params = controller_policy(label)  # a budget the map searches: budgeter@A-P
+    params = {**(ctl.params if ctl.name == name else {}), **label_params}
     data["controller"] = {"name": name, "params": params, "start_s": 0.0,
                           **({"scope": ctl.scope} if ctl.scope != "deployment" else {})}
     if router is not None:
@@ -184,9 +185,20 @@ def point_spec(job: MapJob, point: MapPoint) -> ExperimentSpec:
 
 
 def split_policy(label: str) -> tuple[str, Optional[str]]:
-    """A map column's controller and router (None: the spec's engine as it is)."""
+    """A map column's controller label and router (None: the spec's engine as it is)."""
     name, _, router = label.partition("+")
     return name, router or None
+
+
+def controller_policy(label: str) -> tuple[str, dict]:
+    """A grid controller's policy name and the params its label sets ({} for a plain name): a
+    budget the map searches is ``budgeter@A-P`` (loadgen/map/budgets.py); a router after ``+``
+    (``--routers``) is not the controller's."""
+    name, sep, rest = split_policy(label)[0].partition("@")
+    if not sep:
+        return name, {}
+    admit, _, park = rest.partition("-")
+    return name, {"admit_fraction": float(admit), "park_fraction": float(park)}
 
 
 def with_routers(controllers: Sequence[str], routers: Sequence[str], spec: ExperimentSpec) -> tuple[str, ...]:

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from .analysis import (SAFE_P, boundaries, cell_table, controller_gain, escape_table, highest_safe_rate,
-                       tipping_table)
+                       seeds_to_show_safe, tipping_table, wilson_interval)
+from .budgets import BUDGETER, budget_params
 from .bounds import MapBounds
 from .grid import MapGrid, MapJob
 
@@ -44,34 +45,52 @@ def summarize_map(job: MapJob, grid: MapGrid, rows: Sequence[dict], bounds: MapB
     return summary
 
 
-def _report_factor(summary: dict) -> float:
+def report_factor(trigger_factors: Sequence[float], spec_factor: Optional[float]) -> float:
     """The trigger the report answers for: the spec's burst if the grid has it, else the largest."""
-    factors = summary["grid"]["trigger_factors"]
+    if spec_factor is not None and round(spec_factor, 9) in trigger_factors:
+        return round(spec_factor, 9)
+    return max(trigger_factors)
+
+
+def _report_factor(summary: dict) -> float:
     burst = summary["burst"]
-    if burst and round(burst["spec_extra_rate_factor"], 9) in factors:
-        return round(burst["spec_extra_rate_factor"], 9)
-    return max(factors)
+    return report_factor(summary["grid"]["trigger_factors"], burst and burst["spec_extra_rate_factor"])
 
 
 def recommendation(job: MapJob, grid: MapGrid, cells: Sequence[dict], bounds: MapBounds) -> Optional[dict]:
-    """The budgeter's budget the map tested (the spec's params, else the defaults) and the session
-    cap it corresponds to for these sessions: k = floor(budget / mean session demand)."""
-    if "budgeter" not in grid.controllers:
+    """The budget to run, from the budgets the map tested (each ``budgeter`` controller of the
+    grid: the spec's params, or the budgets ``--budgets`` searched): the one that stays safe, by
+    the 95% upper bound, up to the highest rate under the report's trigger (ties: the larger
+    admit fraction, which throttles least); with the session cap it corresponds to for these
+    sessions, k = floor(budget / mean session demand)."""
+    spec_params = job.spec.controller.params if job.spec.controller.name == BUDGETER else {}
+    tried = [(c, budget_params(c, spec_params)) for c in grid.controllers]
+    tried = [(c, p) for c, p in tried if p is not None]
+    if not tried:
         return None
-    from controllers import policy_params
-
-    params = {**policy_params("budgeter"),
-              **(job.spec.controller.params if job.spec.controller.name == "budgeter" else {})}
+    factor = report_factor(grid.trigger_factors, job.spec_trigger_factor)
     C = bounds.pool_tokens
     demand = bounds.mean_context_tokens + bounds.mean_output_tokens  # d_s: context + output budget
-    budget = params["admit_fraction"] * C
-    safe = {f: highest_safe_rate(cells, "budgeter", f) for f in grid.trigger_factors}
-    return {"controller": "budgeter", "admit_fraction": params["admit_fraction"],
-            "park_fraction": params["park_fraction"], "budget_tokens": budget, "pool_tokens": C,
-            "mean_session_demand_tokens": demand,
+    budgets = []
+    for label, params in tried:
+        budgets.append({
+            "controller": label, "admit_fraction": params["admit_fraction"], "park_fraction": params["park_fraction"],
+            "highest_safe_rate_by_factor": {f"{f:g}": highest_safe_rate(cells, label, f) for f in grid.trigger_factors},
+            "highest_safe_rate_observed_by_factor": {f"{f:g}": highest_safe_rate(cells, label, f, key="p")
+                                                     for f in grid.trigger_factors}})
+    key = f"{factor:g}"
+    shown = any(b["highest_safe_rate_by_factor"][key] is not None for b in budgets)
+    # none shown safe: the best estimate is the budget whose estimates stay safe the longest
+    by = "highest_safe_rate_by_factor" if shown else "highest_safe_rate_observed_by_factor"
+    best = max(budgets, key=lambda b: (-1.0 if b[by][key] is None else b[by][key], b["admit_fraction"]))
+    ns = [c["n"] for c in cells if c["controller"] == best["controller"] and c["trigger_factor"] == factor]
+    budget = best["admit_fraction"] * C
+    return {**best, "trigger_factor": factor, "shown_safe": shown,
+            "budget_tokens": budget, "pool_tokens": C, "mean_session_demand_tokens": demand,
             "session_cap_k": int(math.floor(budget / demand)),
-            "session_cap_k_hi": int(math.floor(params["park_fraction"] * C / demand)),
-            "highest_safe_rate_by_factor": {f"{f:g}": r for f, r in safe.items()}}
+            "session_cap_k_hi": int(math.floor(best["park_fraction"] * C / demand)),
+            "min_seeds_per_cell": min(ns) if ns else 0, "seeds_to_show_safe": seeds_to_show_safe(),
+            "budgets_tried": budgets, "budgets_searched": any("@" in b["controller"] for b in budgets)}
 
 
 def _rate(value: Optional[float]) -> str:
@@ -119,22 +138,18 @@ def format_report(summary: dict) -> str:
                          f"boundary sits at {row['rate_p50'] / b['healthy_rate_per_s']:.2f} x the healthy-side rate "
                          f"and {row['rate_p50'] / b['drain_rate_per_s']:.2f} x 1/S")
     top = max(grid["rates_per_s"])
-    lines.append(f"highest rate with P(degraded) < {SAFE_P:.0%} (every grid rate up to it):")
-    for f in sorted({0.0, factor}):
+    lines.append(f"highest rate shown safe: P(degraded) < {SAFE_P:.0%} by the 95% upper bound at every grid rate up to "
+                 f"it ({_seeds_per_cell(summary)} seeds per cell; 0 degraded shows it from {seeds_to_show_safe()} seeds):")
+    for f in sorted({0.0, factor} & set(grid["trigger_factors"])):
         label = f"trigger x{f:g}" + (" (the spec's)" if f == factor and summary["burst"] else "")
-        parts = []
-        for row in summary["boundaries"]:
-            if row["trigger_factor"] == f:
-                safe = row["highest_safe_rate"]
-                note = " (the whole grid)" if safe == top else ""
-                parts.append(f"{row['controller']} {_rate(safe)}{note}")
-        lines.append(f"  {label}: " + ", ".join(parts))
+        parts = [f"{row['controller']} {_safe_text(row['highest_safe_rate'], row.get('highest_safe_rate_observed'), top)}"
+                 for row in summary["boundaries"] if row["trigger_factor"] == f]
+        lines.append(f"  {label}: " + "; ".join(parts))
     tips = [t for t in summary["tipping"] if t["controller"] == "none"] or summary["tipping"]
     if tips:
-        lines.append(f"minimal tipping trigger ({tips[0]['controller']}, median over seeds; '>' none tips up to "
-                     f"x{max(grid['trigger_factors']):g}): " + ", ".join(
-                         f"{t['rate_per_s']:g}: " + (">" if t["median_min_factor"] is None else f"{t['median_min_factor']:.3g}")
-                         for t in tips))
+        lines.append(f"minimal tipping trigger ({tips[0]['controller']}; per rate, the seeds some burst up to "
+                     f"x{max(grid['trigger_factors']):g} tips, their smallest tipping factors and the median over all "
+                     "seeds, '>' unless more than half tip): " + "; ".join(_tipping_text(t) for t in tips))
     for e in summary["escape"]:
         if e["mean_s"] is None:
             mean = f"> {_hours(e['mean_low_s'])} (95% lower limit)"
@@ -156,14 +171,73 @@ def format_report(summary: dict) -> str:
                      f"{cost}")
     rec = summary["recommendation"]
     if rec:
-        safe = rec["highest_safe_rate_by_factor"].get(f"{factor:g}")
-        lines.append(
-            f"recommended: budgeter with admit_fraction {rec['admit_fraction']:g} (a {rec['budget_tokens']:,.0f}-token "
-            f"budget of the {rec['pool_tokens']:,}-token pool), park_fraction {rec['park_fraction']:g}; it keeps "
-            f"P(degraded) < 10% up to {_rate(safe)} with trigger x{factor:g}. As a session cap for these sessions "
-            f"({rec['mean_session_demand_tokens']:,.0f} tokens of demand on average): k = {rec['session_cap_k']}, "
-            f"k_hi = {rec['session_cap_k_hi']} (derived, not simulated by this map)")
+        lines += _recommendation_lines(rec, top)
     return "\n".join(lines)
+
+
+def _seeds_per_cell(summary: dict) -> str:
+    ns = sorted({c["n"] for c in summary["cells"]})
+    return "no" if not ns else str(ns[0]) if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
+
+
+def _safe_text(safe: Optional[float], observed: Optional[float], top: float) -> str:
+    """A highest safe rate as the report says it: the top of the grid is a lower limit."""
+    if safe is None:
+        if observed is None:
+            return "no grid rate"
+        return f"no grid rate (the estimate stays under {SAFE_P:.0%} up to {_rate_edge(observed, top)})"
+    return _rate_edge(safe, top)
+
+
+def _rate_edge(rate: float, top: float) -> str:
+    return f"at least {rate:g}/s, the top of the grid" if rate == top else f"{rate:g}/s"
+
+
+def _tipping_text(t: dict) -> str:
+    tipped = sorted(s["min_factor"] for s in t["seeds"] if s["min_factor"] is not None)
+    text = f"{t['rate_per_s']:g}/s: {len(tipped)}/{len(t['seeds'])} tip"
+    if tipped:
+        text += f" at x{tipped[0]:.3g}" + (f"-x{tipped[-1]:.3g}" if tipped[-1] != tipped[0] else "")
+        median = t["median_min_factor"]
+        text += f", median {'>' if median is None else ''}x{_top_factor(t) if median is None else format(median, '.3g')}"
+    return text
+
+
+def _top_factor(t: dict) -> str:
+    """The largest factor every censored seed was tried at: a censored median is above it."""
+    tried = [s["max_not_tipping"] for s in t["seeds"] if s["min_factor"] is None and s["max_not_tipping"] is not None]
+    return f"{min(tried):.3g}" if tried else "?"
+
+
+def _recommendation_lines(rec: dict, top: float) -> list[str]:
+    factor = f"{rec['trigger_factor']:g}"
+    budget = (f"budgeter with admit_fraction {rec['admit_fraction']:g} (a {rec['budget_tokens']:,.0f}-token budget of "
+              f"the {rec['pool_tokens']:,}-token pool), park_fraction {rec['park_fraction']:g}")
+    tried = rec["budgets_tried"]
+    if rec.get("budgets_searched"):
+        lines = [f"budgets tried (--budgets), admit/park, and how far each is shown safe with trigger x{factor}: "
+                 + "; ".join(f"{b['admit_fraction']:g}/{b['park_fraction']:g} "
+                             + _safe_text(b["highest_safe_rate_by_factor"][factor],
+                                          b["highest_safe_rate_observed_by_factor"][factor], top) for b in tried)]
+    else:
+        lines = ["budgets tried, admit/park: " + ", ".join(f"{b['admit_fraction']:g}/{b['park_fraction']:g}" for b in tried)
+                 + (" (the spec's, the only one; --budgets 0.6,0.75,0.9 searches several)" if len(tried) == 1 else "")]
+    if rec["shown_safe"]:
+        lines.append(f"recommended: {budget}; with trigger x{factor} it keeps P(degraded) < {SAFE_P:.0%} (95% upper "
+                     f"bound) up to {_rate_edge(rec['highest_safe_rate_by_factor'][factor], top)}. As a "
+                     f"session cap for these sessions ({rec['mean_session_demand_tokens']:,.0f} tokens of demand on "
+                     f"average): k = {rec['session_cap_k']}, k_hi = {rec['session_cap_k_hi']} (derived, not simulated "
+                     "by this map)")
+        return lines
+    n = rec["min_seeds_per_cell"]
+    observed = rec["highest_safe_rate_observed_by_factor"][factor]
+    why = (f"with {n} seeds per cell, 0 degraded still leaves P(degraded) up to {wilson_interval(0, n)[1]:.0%} (95% "
+           f"upper bound); {rec['seeds_to_show_safe']} seeds per cell can show P < {SAFE_P:.0%}"
+           if n < rec["seeds_to_show_safe"] else "runs degraded at the lowest grid rate already")
+    lines.append(f"no budget recommended: none tried is shown safe at any grid rate with trigger x{factor}: {why}"
+                 + (f". Best estimate: {budget}, under {SAFE_P:.0%} up to {_rate_edge(observed, top)}"
+                    if observed is not None else ""))
+    return lines
 
 
 def _median(values: Sequence[float]) -> float:

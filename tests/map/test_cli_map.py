@@ -37,7 +37,7 @@ def test_a_tiny_map_end_to_end_then_a_rerun_only_redraws(tmp_path):
         (c, r, f) for c in ("none", "budgeter") for r in (0.02, 0.05) for f in (0.0, 2.0)}
     assert all(c["n"] == 2 and c["p_low"] <= c["p"] <= c["p_high"] for c in cells)
     assert summary["bounds"]["drain_rate_per_s"] > 0 and summary["bounds"]["healthy_rate_per_s"] > 0
-    assert "highest rate with P(degraded) < 10%" in proc.stdout and proc.stdout.strip() == summary["report"]
+    assert "highest rate shown safe: P(degraded) < 10% by the 95% upper bound" in proc.stdout and proc.stdout.strip() == summary["report"]
     table = pq.read_table(out / "outcomes.parquet")
     grid_rows = [r for r in table.to_pylist() if r["phase"] == "grid"]
     assert len(grid_rows) == 16 and all(r["status"] == "completed" for r in grid_rows)

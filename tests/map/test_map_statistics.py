@@ -47,7 +47,8 @@ def test_cell_probabilities_and_intervals_from_a_synthetic_table():
     assert cells[0.03]["p"] == 0.75
     assert (cells[0.03]["p_low"], cells[0.03]["p_high"]) == pytest.approx(wilson_interval(3, 4))
     cells = cell_table(SYNTHETIC)
-    assert highest_safe_rate(cells, "none", 1.0) == 0.01
+    assert highest_safe_rate(cells, "none", 1.0, key="p") == 0.01  # by the estimates
+    assert highest_safe_rate(cells, "none", 1.0) is None  # 0 of 4: the upper bound is 0.49, not under 10%
     assert crossing_rate(cells, "none", 1.0, 0.5) == pytest.approx(0.02 + (0.5 - 0.25) / 0.5 * 0.01)
     assert crossing_rate(cells, "none", 1.0, 0.1) == pytest.approx(0.01 + 0.1 / 0.25 * 0.01)
     assert crossing_rate(cells, "none", 1.0, 1.0) == 0.04

@@ -70,3 +70,11 @@ def test_notebook_shows_only_the_chosen_arms_and_names_a_missing_directory(tmp_p
         NotebookClient(nb, timeout=120, kernel_name="python3",
                        resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
     assert "ResultsError" in str(failed.value) and "nowhere: does not exist" in str(failed.value)
+
+
+def test_the_notebook_says_how_to_start_it_with_loadgen_results() -> None:
+    import json
+
+    intro = "".join(json.loads(NOTEBOOK.read_text())["cells"][0]["source"])
+    assert "LOADGEN_RESULTS=$PWD/results/recovery .venv/bin/jupyter lab notebooks/compare_controllers.ipynb" in intro
+    assert "loadgen run examples/recovery.yaml --out results/recovery" in intro
