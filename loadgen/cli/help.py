@@ -24,6 +24,7 @@ EXAMPLES = {
     "shapes": "loadgen shapes describe swebench",
     "shapes describe": "loadgen shapes describe trace.jsonl --format mooncake",
     "export": "loadgen export results/paired-burst --format csv",
+    "gateway": "loadgen gateway --upstream http://127.0.0.1:8000 --controller budgeter --listen 127.0.0.1:9000",
 }
 
 
