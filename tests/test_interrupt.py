@@ -41,22 +41,30 @@ def _wait_for_status(run_dir: Path, status: str, proc: subprocess.Popen) -> None
         time.sleep(POLL_S)
 
 
-def test_ctrl_c_marks_the_run_under_way_interrupted_and_running_again_completes_it(tmp_path):
+def _interrupt_long_run(tmp_path: Path, workers: str, under_way: list[str]) -> tuple[dict, list, Path, str, int]:
+    """Start `loadgen run` on a long spec, send SIGINT (to it alone) once the runs ``under_way``
+    have begun; (spec, args, out, stderr, exit code)."""
     data = make_spec_dict(**LONG_RUN)
     spec_path = tmp_path / "long.yaml"
     spec_path.write_text(yaml.safe_dump(data))
     out = tmp_path / "out"
     args = [sys.executable, "-m", "loadgen.cli", "run", str(spec_path), "--out", str(out), "--no-report", "--quiet",
-            "--workers", "1"]
+            "--workers", workers]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        # runs go seed-major: base-s1, burst-s1, base-s2, burst-s2; stop during the second
-        _wait_for_status(out / "runs" / "burst-s1", "running", proc)
+        for run_id in under_way:
+            _wait_for_status(out / "runs" / run_id, "running", proc)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=WAIT_LIMIT_S)
     finally:
         proc.kill()
-    assert proc.returncode == 130
+    return data, args, out, stderr, proc.returncode
+
+
+def test_ctrl_c_marks_the_run_under_way_interrupted_and_running_again_completes_it(tmp_path):
+    # runs go seed-major: base-s1, burst-s1, base-s2, burst-s2; stop during the second
+    data, args, out, stderr, returncode = _interrupt_long_run(tmp_path, "1", ["burst-s1"])
+    assert returncode == 130
     assert "Traceback" not in stderr
     assert stderr.strip().startswith("interrupted: runs that ended are on disk")
     runs = out / "runs"
@@ -76,22 +84,9 @@ def test_ctrl_c_marks_the_run_under_way_interrupted_and_running_again_completes_
 
 
 def test_ctrl_c_with_two_workers_marks_both_runs_under_way_interrupted(tmp_path):
-    data = make_spec_dict(**LONG_RUN)
-    spec_path = tmp_path / "long.yaml"
-    spec_path.write_text(yaml.safe_dump(data))
-    out = tmp_path / "out"
-    args = [sys.executable, "-m", "loadgen.cli", "run", str(spec_path), "--out", str(out), "--no-report", "--quiet",
-            "--workers", "2"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        # the first two runs start together, one per worker; the signal reaches this process only
-        _wait_for_status(out / "runs" / "base-s1", "running", proc)
-        _wait_for_status(out / "runs" / "burst-s1", "running", proc)
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=WAIT_LIMIT_S)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130
+    # the first two runs start together, one per worker; the signal reaches the parent only
+    data, args, out, stderr, returncode = _interrupt_long_run(tmp_path, "2", ["base-s1", "burst-s1"])
+    assert returncode == 130
     assert "Traceback" not in stderr
     runs = out / "runs"
     for run_id in ("base-s1", "burst-s1"):

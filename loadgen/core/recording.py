@@ -97,18 +97,25 @@ def _json_default(value: Any) -> Any:
 
 
 class _Columns:
+    """A table's rows as they come (one tuple a row: one append per row, not one per column),
+    turned into columns when they are written."""
+
     def __init__(self, schema: pa.Schema) -> None:
         self.schema = schema
         self.names = schema.names
-        self.cols: list[list] = [[] for _ in self.names]
+        self.rows: list[tuple] = []
 
     def __len__(self) -> int:
-        return len(self.cols[0])
+        return len(self.rows)
+
+    def append(self, row: tuple) -> None:
+        self.rows.append(row)
 
     def take(self) -> pa.Table:
-        table = pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(self.cols, self.schema)],
+        columns = zip(*self.rows) if self.rows else [()] * len(self.names)
+        table = pa.Table.from_arrays([pa.array(list(c), type=f.type) for c, f in zip(columns, self.schema)],
                                      schema=self.schema)
-        self.cols = [[] for _ in self.names]
+        self.rows = []
         return table
 
 
@@ -179,8 +186,7 @@ class RunRecorder:
         values = (self.run_id, self.arm, self.seed, session_id, session.is_trigger, session.kind,
                   session.num_turns, session.arrival_s, session.first_admit_s, finish_s,
                   session.turns_completed, session.num_parks, status, error)
-        for col, value in zip(self._sessions.cols, values):
-            col.append(value)
+        self._sessions.append(values)
 
     def turn(self, session_id: int, turn_index: int, is_trigger: bool, kind: str, ready_s: float,
              admit_s: float, first_token_s: float, finish_s: float, prompt_tokens: int, cached_tokens: int,
@@ -201,8 +207,7 @@ class RunRecorder:
                   output_tokens if planned_output_tokens is None else planned_output_tokens)
         if self.replica_columns:
             values += (replica, miss_routing_tokens, miss_eviction_tokens)
-        for col, value in zip(self._turns.cols, values):
-            col.append(value)
+        self._turns.append(values)
         if error is None:
             self.turns_completed += 1
             session = self._open_sessions.get(session_id)
@@ -211,14 +216,12 @@ class RunRecorder:
 
     def sample(self, row: dict) -> None:
         row = {"run_id": self.run_id, **row}
-        for name, col in zip(self._samples.names, self._samples.cols):
-            col.append(row[name])
+        self._samples.append(tuple([row[name] for name in self._samples.names]))
 
     def replica_sample(self, row: dict) -> None:
         """One replica's metrics at a sample (replica_samples.parquet)."""
         row = {"run_id": self.run_id, **row}
-        for name, col in zip(self._replica_samples.names, self._replica_samples.cols):
-            col.append(row[name])
+        self._replica_samples.append(tuple([row[name] for name in self._replica_samples.names]))
 
     def maybe_flush(self, now_s: float) -> None:
         if now_s >= self._next_flush_s:

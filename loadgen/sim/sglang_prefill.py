@@ -9,12 +9,9 @@ the module docstring of sglang_engine.py says what they do.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from .request import RUNNING
-
-if TYPE_CHECKING:
-    from .sglang_engine import _Req
 
 IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32  # schedule_policy.py
 IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = 32
@@ -97,7 +94,7 @@ class PrefillAdding:
             return OTHER
         return CONTINUE
 
-    def _add_one_req(self, r: _Req, batch_len: int) -> tuple[str, Optional[tuple]]:
+    def _add_one_req(self, r, batch_len: int) -> tuple[str, Optional[tuple]]:
         """PrefillAdder.add_one_req: (verdict, (request, extend, truncated) or None)."""
         tree = self.tree
         clip = self.config.clip_max_new_tokens
