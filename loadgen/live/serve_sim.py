@@ -26,12 +26,15 @@ serve-sim measures how late it delivers the engine's step completions against it
 to mark a run whose server fell behind (run.json ``lagging``, docs/results-format.md#lag).
 
 The simulated engine reasons about streams, not tokens, so requests are mapped onto streams by
-content: block hashes chained as vLLM chains them. A request whose prompt covers every block
-recorded for a stream (and extends it) continues that stream; anything else starts a new
-one. The shared-prefix boundary comes from the ``X-Loadgen-Prefix-Tokens`` header that
-loadgen's client sends (real servers ignore it); without it nothing is shared across streams.
-So loadgen's append-only sessions get exactly the simulated engine's hits; a client that forks
-or rewrites a context gets fewer hits than vLLM would give it.
+content: block hashes chained as vLLM chains them. With ``--flavor vllm`` any token prompt is
+matched as vLLM matches it (loadgen/live/prefix_match.py): a retried, edited or forked prompt,
+or a prefix shared across sessions, hits every block vLLM's pool would give it; the
+``X-Loadgen-Prefix-Tokens`` header that loadgen's client sends (real servers ignore it) only
+makes a shared system prompt a stream of its own from the start. With the CPU offload tier
+(``--offload-cpu-tokens``) and with ``--flavor sglang``, a request continues a stream only when
+its prompt extends everything recorded for it (after the header's shared prefix), else it
+starts a new one: a client that forks or rewrites a context gets fewer hits there than the real
+engine would give it.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from ..core.clock import WallClock
 from ..core.engines import SimEngineClient
 from ..core.workload import Stream, rng_for
 from .http_client import LAG_PATH
+from .prefix_match import BlockHashMatcher, Placement
 from .tokenizer import SPECIAL_TOKENS, LocalTokenizer, render_simple, single_token_words
 from ..sim import EngineConfig, SimRequest, StepCostModel
 from ..sim.sglang_engine import SGLangConfig
@@ -236,6 +240,9 @@ class SimServer:
         self.client: Optional[SimEngineClient] = None
         self.mapper = (TokenPromptMapper(config.page_size) if self.flavor == "sglang"
                        else PromptMapper(config.block_size))
+        # vLLM without a host tier: any prompt matched by block hashes (made with the engine)
+        self._matcher: Optional[BlockHashMatcher] = None
+        self._match_blocks = self.flavor == "vllm" and getattr(config, "offload", None) is None
         self._ids = itertools.count(1)
         self._hit_rate_mark = (0, 0)  # (queries, hits) at the previous /metrics: sglang:cache_hit_rate
         self._retracted_mark = 0  # retractions at the previous /metrics: sglang:num_retracted_reqs
@@ -247,6 +254,8 @@ class SimServer:
     def _engine(self) -> SimEngineClient:
         if self.client is None:  # needs the running loop
             self.client = SimEngineClient(WallClock(self.time_scale), self.config, self.cost)
+            if self._match_blocks:
+                self._matcher = BlockHashMatcher(self.client.engine, self.config.block_size)
         return self.client
 
     def app(self):
@@ -485,12 +494,17 @@ class SimServer:
             prefix_hint = int(request.headers.get("X-Loadgen-Prefix-Tokens", "0"))
         except ValueError:
             prefix_hint = 0
-        if self.flavor == "sglang":
-            prefix_key, prefix_tokens, stream_id = self.mapper.map_tokens(token_ids, prefix_hint, max_tokens)
+        placement: Optional[Placement] = None
+        if self._matcher is not None:
+            placement = self._matcher.place(token_ids, prefix_hint)
+            prefix, stream = placement.prefix, placement.stream
         else:
-            prefix_key, prefix_tokens, stream_id = self.mapper.map(token_ids, prefix_hint)
-        prefix = engine.prefix_stream(prefix_key, prefix_tokens) if prefix_key is not None else None
-        stream = engine.stream(("stream", stream_id), prefix_tokens)
+            if self.flavor == "sglang":
+                prefix_key, prefix_tokens, stream_id = self.mapper.map_tokens(token_ids, prefix_hint, max_tokens)
+            else:
+                prefix_key, prefix_tokens, stream_id = self.mapper.map(token_ids, prefix_hint)
+            prefix = engine.prefix_stream(prefix_key, prefix_tokens) if prefix_key is not None else None
+            stream = engine.stream(("stream", stream_id), prefix_tokens)
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         first = loop.create_future()
@@ -509,7 +523,9 @@ class SimServer:
 
         def record() -> None:
             # the stream now holds prompt + output (the last output token never enters KV)
-            if self.flavor == "sglang":
+            if placement is not None:
+                self._matcher.finished(placement, token_ids + output_ids[:-1])
+            elif self.flavor == "sglang":
                 self.mapper.record_tokens(stream_id, token_ids + output_ids[:-1])
             else:
                 self.mapper.record(stream_id, self.mapper.chained_hashes(token_ids + output_ids[:-1]))
@@ -561,7 +577,10 @@ class SimServer:
                 if sim_req.finish_s is None:  # (``done`` is cancelled with the handler)
                     engine.abort(sim_req, client.clock.now())
                     client._rearm()
-                self.mapper.aborted(stream_id, self.mapper.chained_hashes(token_ids))
+                if placement is not None:
+                    self._matcher.finished(placement, token_ids)
+                else:
+                    self.mapper.aborted(stream_id, self.mapper.chained_hashes(token_ids))
 
     async def _serve_native(self, request, body: dict, request_id: str, req: SimRequest, ids: list[int],
                             first, finished):

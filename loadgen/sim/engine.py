@@ -72,6 +72,7 @@ class SimRequest:
         "state", "num_tokens", "num_computed", "generated", "alloc_blocks", "admit_seq",
         "is_decoder", "g0", "nc0", "gen0", "residue", "is_builder", "prefix_hit_blocks",
         "last_token_s", "max_token_gap_s", "store_from", "load_start", "load_blocks", "load_done_s", "loaded",
+        "segments", "segment_hits", "segment_builders",
     )
 
     def __init__(self, request_id: Hashable, stream: Stream, num_prompt_tokens: int, max_tokens: int,
@@ -111,6 +112,11 @@ class SimRequest:
         self.load_start = self.load_blocks = 0
         self.load_done_s = math.nan
         self.loaded = False
+        # a prefix in a tree of streams (prefix.parent set): the chain of streams from block 0 to
+        # the own stream, the blocks hit in each and which ones this request builds
+        self.segments: Optional[tuple] = None
+        self.segment_hits: list = []
+        self.segment_builders: list = []
 
     @property
     def mean_token_gap_s(self) -> float:
@@ -190,6 +196,52 @@ class SimEngine:
             raise ValueError(f"stream {key!r} was used after {stream.base} shared blocks, now after {base}")
         return stream
 
+    def branch(self, key: Hashable, parent: Optional[Stream]) -> Stream:
+        """A new stream in a tree of streams: its blocks follow the fixed-length ``parent``'s
+        (a fork, a repeated or edited prompt); a request on it names ``parent`` as its prefix."""
+        if key in self.streams:
+            raise ValueError(f"stream {key!r} exists already")
+        base = parent.base + parent.num_blocks if parent is not None else 0
+        stream = self.streams[key] = Stream(key, base)
+        stream.parent = parent
+        return stream
+
+    def split_stream(self, stream: Stream, num_blocks: int, key: Hashable) -> Stream:
+        """Cut ``stream`` after its first ``num_blocks`` blocks (a prompt that shares only those):
+        a new stream ``key`` takes them and becomes its parent. The requests that hold ``stream``,
+        waiting or running, hold both from now on; one writing it builds the new one."""
+        if key in self.streams:
+            raise ValueError(f"stream {key!r} exists already")
+        if self.host is not None:
+            raise ValueError("a tree of streams is not modelled with the CPU offload tier")
+        head = self.streams[key] = Stream(key, 0)
+        holders = [r for r in (*self.running, *self.waiting)
+                   if r.stream is stream or r.prefix is stream or (r.segments and stream in r.segments)]
+        self.pool.split(stream, num_blocks, head)
+        bs = self.block_size
+        for r in holders:
+            admitted = r.state == RUNNING
+            if r.segments is None:  # the two-level form: into a chain
+                r.segments = (r.prefix,) if r.prefix is not None else ()
+                r.segment_hits = [r.prefix_hit_blocks] if r.prefix is not None else []
+                r.segment_builders = [r.is_builder] if r.prefix is not None else []
+            if r.stream is stream:  # it writes the stream: it builds the head from what it computed
+                r.segments += (head,)
+                r.prefix = head
+                if admitted:
+                    r.segment_hits.append(head.cached)
+                    r.segment_builders.append(self.caching)
+                    r.is_builder = self.caching
+                    head.cached = max(head.cached, min(num_blocks, r.num_computed // bs - head.base))
+                continue
+            i = r.segments.index(stream)
+            r.segments = r.segments[:i] + (head,) + r.segments[i:]
+            if admitted:
+                h = r.segment_hits[i]
+                r.segment_hits[i:i + 1] = [min(h, num_blocks), max(0, h - num_blocks)]
+                r.segment_builders.insert(i, r.segment_builders[i])
+        return head
+
     def prefix_stream(self, key: Hashable, num_tokens: int) -> Stream:
         """The shared prefix (system prompt) ``key`` of ``num_tokens`` tokens: its full blocks.
 
@@ -221,7 +273,9 @@ class SimEngine:
         if reason is not None:
             raise ValueError(reason)
         prefix = request.prefix
-        if prefix is not None:
+        if prefix is not None and prefix.parent is not None:
+            request.segments = self._segments(request)
+        elif prefix is not None:
             if prefix.base != 0:
                 raise ValueError("a prefix stream must start at block 0")
             if prefix.num_blocks is None:
@@ -237,6 +291,26 @@ class SimEngine:
         if self._inflight_end is None:
             self._next_start = now_s
             self.advance_to(now_s)
+
+    def _segments(self, request: SimRequest) -> tuple:
+        chain = []
+        seg = request.prefix
+        while seg is not None:
+            chain.append(seg)
+            seg = seg.parent
+        chain.reverse()
+        end = 0
+        for seg in chain:
+            if seg.base != end or seg.num_blocks is None:
+                raise ValueError(f"stream {seg.key!r} does not follow its parent (base {seg.base}, parent ends at "
+                                 f"{end}) or has no fixed length")
+            end += seg.num_blocks
+        if end != request.stream.base:
+            raise ValueError(f"the prefix chain ends at block {end} but stream {request.stream.key!r} starts at "
+                             f"{request.stream.base}")
+        if self.host is not None:
+            raise ValueError("a tree of streams is not modelled with the CPU offload tier")
+        return tuple(chain)
 
     def flush(self, now_s: float) -> None:
         """Reset the prefix cache, preempting running requests (vLLM reset_running_requests)."""
@@ -556,12 +630,20 @@ class SimEngine:
         prefix = req.prefix
         hit_prefix = hit_own = 0
         if self.caching:
-            if prefix is not None:
+            if req.segments is not None:
+                hits, whole = _segment_hits(req.segments, cap)
+                req.segment_hits = hits
+                hit_prefix = sum(hits)
+                if whole:
+                    hit_own = min(own.cached, cap - own.base)
+            elif prefix is not None:
                 hit_prefix = min(prefix.cached, own.base, cap)
                 if hit_prefix == own.base:
                     hit_own = min(own.cached, cap - own.base)
             else:
                 hit_own = min(own.cached, cap)
+        elif req.segments is not None:
+            req.segment_hits = [0] * len(req.segments)
         hit_tokens = (hit_prefix + hit_own) * bs
         n = min(num_tokens - hit_tokens, budget)
         if self.config.reserve_full_prompt:
@@ -570,7 +652,9 @@ class SimEngine:
             total = -(-(hit_tokens + n) // bs)
         need = total - hit_prefix - hit_own
         evictable = hit_own if own.ref_cnt == 0 else 0
-        if prefix is not None and prefix.ref_cnt == 0:
+        if req.segments is not None:
+            evictable += sum(h for seg, h in zip(req.segments, req.segment_hits) if seg.ref_cnt == 0)
+        elif prefix is not None and prefix.ref_cnt == 0:
             evictable += hit_prefix
         if need + evictable > self.pool.num_free:
             return None
@@ -583,7 +667,12 @@ class SimEngine:
         if own.ref_cnt:
             raise RuntimeError(f"stream {own.key!r} already has a request in the engine")
         prefix = req.prefix
-        if prefix is not None:
+        if req.segments is not None:
+            req.segment_builders = [self.caching and seg.ref_cnt == 0 for seg in req.segments]
+            req.is_builder = any(req.segment_builders)
+            for seg, h in zip(req.segments, req.segment_hits):
+                self.pool.acquire(seg, h)
+        elif prefix is not None:
             req.is_builder = self.caching and prefix.ref_cnt == 0
             req.prefix_hit_blocks = hit_prefix
             self.pool.acquire(prefix, hit_prefix)
@@ -605,7 +694,13 @@ class SimEngine:
     def _computed(self, req: SimRequest, num_computed: int) -> None:
         """Blocks are cached as soon as their tokens are scheduled (vLLM cache_blocks)."""
         req.num_computed = num_computed
-        if req.is_builder:
+        if req.is_builder and req.segments is not None:
+            done = num_computed // self.block_size
+            for seg, builds in zip(req.segments, req.segment_builders):
+                full = min(done, seg.base + seg.num_blocks) - seg.base
+                if builds and full > seg.cached:
+                    seg.cached = full
+        elif req.is_builder:
             prefix = req.prefix
             full = min(num_computed // self.block_size, req.stream.base)
             if full > prefix.cached:
@@ -674,7 +769,12 @@ class SimEngine:
         own.cached = own_cached
         pool.release(own)
         prefix = req.prefix
-        if prefix is not None:
+        if req.segments is not None:
+            for seg, h, builds in reversed(list(zip(req.segments, req.segment_hits, req.segment_builders))):
+                held = max(0, min(alloc, seg.base + seg.num_blocks) - seg.base)
+                pool.free_unhashed(held - (seg.cached if builds else h))
+                pool.release(seg)
+        elif prefix is not None:
             held = min(alloc, base)
             if req.is_builder:
                 pool.free_unhashed(held - prefix.cached)
@@ -863,6 +963,18 @@ class SimEngine:
             self._preempt(req, g)
         self.pool.reset(self.streams.values())
         self.flush_times_s.append(now_s)
+
+
+def _segment_hits(segments: tuple, cap: int) -> tuple[list, bool]:
+    """Blocks hit in each stream of a prefix chain (the lookup stops at the first miss, at most
+    ``cap`` blocks), and whether the whole chain hit."""
+    hits = []
+    whole = True
+    for seg in segments:
+        h = max(0, min(seg.cached, seg.num_blocks, cap - seg.base)) if whole else 0
+        hits.append(h)
+        whole = h == seg.num_blocks
+    return hits, whole
 
 
 def _valid(entry: tuple) -> bool:
