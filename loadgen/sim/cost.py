@@ -33,6 +33,9 @@ class StepCostModel:
     b_s_per_token2: float = 3e-9
     g_s_per_token: float = 50e-9
     name: str = "custom"
+    # the spread of one step: each step's time is multiplied by exp(N(0, sigma^2)) drawn from the
+    # run's own jitter stream (loadgen calibrate measures it); 0 is the deterministic model
+    step_jitter_sigma: float = 0.0
 
     def step_time(self, num_tokens: int, attention_tokens2: float, decode_context_tokens: float) -> float:
         return (
