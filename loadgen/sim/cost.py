@@ -51,7 +51,10 @@ class StepCostModel:
         return sum(c * f for c, f in zip(coef, measurement.features()))
 
     def to_json(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        if not self.step_jitter_sigma:  # the deterministic model reads as it always has (specs, resume)
+            del data["step_jitter_sigma"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> "StepCostModel":
