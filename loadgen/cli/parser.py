@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "written into the run's spec")
     run.add_argument("--force-new-spec", action="store_true",
                      help="DIR holds runs of another spec: move them to DIR/previous-N/ instead of refusing")
+    run.add_argument("--replicates", type=int, metavar="R",
+                     help="simulated runs: each run again under R draws of the cost model's step jitter; "
+                          "P(persistently degraded) per seed in RESULTS/replicates.json")
     run.set_defaults(func=_cmd_run)
 
     sweep = sub.add_parser("sweep", help="run arms x seeds on a Ray cluster (engines on their own GPUs); resumes")

@@ -54,6 +54,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         spec = spec.model_copy(update={"time_scale": args.time_scale})
     keys = _selected_runs(spec, args)
     out = Path(args.out)
+    if args.replicates is not None:
+        from ..replicates import check_replicates
+
+        check_replicates(spec, args.replicates, Path(args.spec).resolve().parent)
     _claim_results_dir(out, spec, args.force_new_spec, console)
     live = spec.engine.kind == "openai"
     num_to_run = len(keys)
@@ -109,6 +113,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
                       f"{lag['bound_s']:.3g} s (5% of the median turn); a lower --time-scale or a quieter "
                       "machine (docs/results-format.md#lag)", soft_wrap=True)
     unreadable = _report(out, console, figures=not args.no_figures) if not args.no_report else []
+    if args.replicates is not None and not failed:
+        from ..replicates import format_replicates, run_replicates
+
+        summary = run_replicates(spec, out, keys, args.replicates, Path(args.spec).resolve().parent,
+                                 on_done=lambda key, r, info: args.quiet or console.print(
+                                     f"{key.run_id} replicate {r}: {info.get('status')}"))
+        print(format_replicates(summary), flush=True)
     return 1 if failed or unreadable else 0
 
 def _resume_args(args: argparse.Namespace) -> None:

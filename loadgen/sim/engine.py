@@ -184,6 +184,7 @@ class SimEngine:
         self.external_prefix_cache_hits = 0
         self.kv_offload_bytes_gpu_to_cpu = 0
         self.kv_offload_bytes_cpu_to_gpu = 0
+        self.jitter: Optional[Callable[[], float]] = None  # per-step time multiplier (loadgen/sim/jitter.py)
 
     # ------------------------------------------------------------------ public surface
     def stream(self, key: Hashable, base_tokens: int = 0) -> Stream:
@@ -439,6 +440,8 @@ class SimEngine:
 
     # ------------------------------------------------------------------ stretches
     def _can_stretch(self) -> bool:
+        if self.jitter is not None:  # every step draws its own jitter
+            return False
         if self.prefilling or not self.num_decoders or self._flush_requested or self._aborts or self.num_loading:
             return False
         if self.host is not None:
@@ -570,7 +573,8 @@ class SimEngine:
                     completed.append(req)
                 else:
                     self.prefilling.append(req)
-        end = start_s + self.cost.step_time(num_tokens, attention, decode_ctx)
+        step_s = self.cost.step_time(num_tokens, attention, decode_ctx)
+        end = start_s + (step_s if self.jitter is None else step_s * self.jitter())
         self._inflight_end = end
         self._last_end_s = end
         self._push_gap(g, end - start_s)

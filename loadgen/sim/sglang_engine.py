@@ -44,7 +44,7 @@ import bisect
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Hashable, Optional
+from typing import Callable, Hashable, Optional
 
 from .cost import StepCostModel
 from .engine import FINISHED, RUNNING, WAITING, SimRequest
@@ -170,6 +170,7 @@ class SGLangEngine:
         # counters: sglang:prompt_tokens_total / cached_tokens_total move when a request finishes
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        self.jitter: Optional[Callable[[], float]] = None  # per-step time multiplier (loadgen/sim/jitter.py)
         self.num_preemptions = 0  # retractions
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -357,6 +358,8 @@ class SGLangEngine:
 
     # ------------------------------------------------------------------ decode stretches
     def _can_stretch(self) -> bool:
+        if self.jitter is not None:  # every step draws its own jitter
+            return False
         return (bool(self.running) and self.chunked is None and not self._shrunk
                 and (not self.waiting or self.batch_is_full))
 
@@ -389,6 +392,9 @@ class SGLangEngine:
         n = len(self.running)
         self.available -= n * num_steps
         alpha, beta = self._decode_coeffs()
+        if self.jitter is not None:  # one step at a time then (no stretches)
+            f = self.jitter()
+            alpha, beta = alpha * f, beta * f
         end = start_s + alpha * num_steps + beta * num_steps * (num_steps - 1)
         first_end = start_s + alpha
         d = self.decode_index
@@ -638,7 +644,8 @@ class SGLangEngine:
             r.kv_len = r.prefix_len + extend
             r.already_computed = r.kv_len
             attention += extend * (r.prefix_len + extend / 2)
-        end = start_s + self.cost.step_time(total, attention, 0.0)
+        step_s = self.cost.step_time(total, attention, 0.0)
+        end = start_s + (step_s if self.jitter is None else step_s * self.jitter())
         self._inflight_end = end
         self.num_steps += 1
         chunk_left = None
