@@ -14,13 +14,11 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .analysis.outcomes import run_outcome
+from .analysis.probability import REPLICATES_FILE
 from .analysis.runs import load_run
 from .core.recording import write_json_atomic
 from .core.runner import RunKey, run_simulated
 from .core.spec import ExperimentSpec, SpecError
-
-REPLICATES_FILE = "replicates.json"
-
 
 def check_replicates(spec: ExperimentSpec, num_replicates: int, spec_dir: Optional[Path] = None) -> None:
     if num_replicates < 1:
