@@ -23,6 +23,7 @@ request hits what it has computed so far, as in vLLM, which caches blocks as it 
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -153,3 +154,89 @@ class BlockHashMatcher:
         own.writing = False
         for n in (own, *placement.chain):
             n.num_users -= 1
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists (slice comparisons, done in C)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class _TokenNode:
+    __slots__ = ("start", "tokens", "segment", "children")
+
+    def __init__(self, start: int, tokens: list[int], segment) -> None:
+        self.start = start
+        self.tokens = tokens
+        self.segment = segment  # the content these positions are (a chain's segment id)
+        self.children: dict[int, "_TokenNode"] = {}
+
+
+class TokenMatcher:
+    """Token prompts onto an engine that caches every token (SGLang's radix cache, serve-sim's
+    ``--flavor sglang``): a trie of token ids says which content each position of a prompt is, as a
+    ``Chain`` (loadgen/sim/radix_chains.py) whose segments are the content it shares with earlier
+    prompts, then its own new segment. The engine's tree (``ChainRadixCache``) decides what is still
+    cached. A prompt's tokens go into the trie when it is placed (a prompt sent while another with
+    the same tokens is being prefilled shares what that one has inserted, as in SGLang), its output
+    when it finishes."""
+
+    def __init__(self, page_size: int = 1) -> None:
+        self.page_size = page_size
+        self._root = _TokenNode(0, [], None)
+        self._ids = itertools.count()
+
+    def _walk(self, token_ids: list[int], split: bool) -> tuple[int, list, _TokenNode]:
+        """(tokens matched, [(end, segment)] of the matched part, last node reached); with ``split``
+        the node a match ends inside is cut there (for an insert below it)."""
+        node, pos, segments = self._root, 0, []
+        while pos < len(token_ids):
+            child = node.children.get(token_ids[pos])
+            if child is None:
+                break
+            k = _common_prefix(child.tokens, token_ids[pos:pos + len(child.tokens)])
+            if segments and segments[-1][1] == child.segment:
+                segments[-1] = (pos + k, child.segment)
+            else:
+                segments.append((pos + k, child.segment))
+            pos += k
+            if k < len(child.tokens):
+                if split:
+                    tail = _TokenNode(child.start + k, child.tokens[k:], child.segment)
+                    tail.children, child.children = child.children, {tail.tokens[0]: tail}
+                    child.tokens = child.tokens[:k]
+                    node = child
+                break
+            node = child
+        return pos, segments, node
+
+    def _insert(self, token_ids: list[int], chain) -> None:
+        pos, _, node = self._walk(token_ids, split=True)
+        while pos < len(token_ids):  # the rest, one node per segment of the chain
+            end, segment = chain.at(pos)
+            upto = int(min(end, len(token_ids)))
+            new = _TokenNode(pos, token_ids[pos:upto], segment)
+            node.children[token_ids[pos]] = new
+            node, pos = new, upto
+
+    def place(self, token_ids: list[int]):
+        """The chain naming the prompt's tokens (the key of the request's stream)."""
+        from ..sim.radix_chains import Chain
+
+        _, segments, _ = self._walk(token_ids, split=False)
+        chain = Chain([*segments, (math.inf, ("own", next(self._ids)))], self.page_size)
+        self._insert(token_ids, chain)
+        return chain
+
+    def finished(self, chain, content_ids: list[int]) -> None:
+        """The request's prompt and output (but the last token, which never enters the cache)."""
+        self._insert(content_ids, chain)

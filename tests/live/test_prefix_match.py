@@ -11,11 +11,14 @@ import random
 
 import pytest
 
-from loadgen.live.prefix_match import BlockHashMatcher
+from loadgen.live.prefix_match import BlockHashMatcher, TokenMatcher
 from loadgen.sim.engine import EngineConfig, SimEngine, SimRequest
+from loadgen.sim.radix_chains import ChainRadixCache
+from loadgen.sim.sglang_engine import SGLangConfig, SGLangEngine
 
 from ..sim.conftest import COST
 from ..sim.reference_engine import ReferenceEngine
+from ..sim.reference_sglang import ReferenceSGLang, RReq
 
 
 class TokenReference(ReferenceEngine):
@@ -23,6 +26,21 @@ class TokenReference(ReferenceEngine):
 
     def _token(self, req: SimRequest, pos: int) -> tuple:
         return ("id", req.context[pos])
+
+
+class TokenReferenceSGLang(ReferenceSGLang):
+    """The literal SGLang engine (a radix tree of token lists), every token its id."""
+
+    def submit(self, req: SimRequest, now: float) -> None:
+        self.advance_to(now)
+        req.arrival_s = now
+        self.prompt_tokens_total += req.num_prompt_tokens
+        r = RReq(req, lambda p, ids=req.context: ids[p])
+        self.all[req] = r
+        self.waiting.append(r)
+        if self.inflight_end is None:
+            self.next_start = now
+            self.advance_to(now)
 
 
 def fuzzed_prompts(seed: int, num_requests: int, gap_s: float, max_context: int, burst: int = 1) -> list[tuple]:
@@ -68,13 +86,21 @@ def fuzzed_prompts(seed: int, num_requests: int, gap_s: float, max_context: int,
 
 
 def run(engine_cls, plan, **knobs):
-    engine = engine_cls(EngineConfig(**knobs), COST)
+    sglang = engine_cls in (SGLangEngine, TokenReferenceSGLang)
+    engine = engine_cls((SGLangConfig if sglang else EngineConfig)(**knobs), COST)
     matcher = BlockHashMatcher(engine, knobs["block_size"]) if engine_cls is SimEngine else None
+    tokens = TokenMatcher(knobs.get("page_size", 1)) if engine_cls is SGLangEngine else None
+    if tokens is not None:
+        engine.tree = ChainRadixCache(engine.config.page_size)
     requests = []
     for i, (t, prompt, output) in enumerate(plan):
         engine.advance_to(t)
         content = prompt + output
-        if matcher is not None:
+        if tokens is not None:
+            chain = tokens.place(prompt)
+            req = SimRequest(i, engine.stream(chain, 0), len(prompt), len(output),
+                             on_done=lambda r, ch=chain, c=content: tokens.finished(ch, c[:-1]))
+        elif matcher is not None:
             placement = matcher.place(prompt)
             req = SimRequest(i, placement.stream, len(prompt), len(output), prefix=placement.prefix,
                              on_done=lambda r, p=placement, c=content: matcher.finished(p, c[:-1]))
@@ -155,3 +181,18 @@ def test_serve_sim_reports_the_hits_vllm_reports_for_retried_edited_and_forked_p
     results = asyncio.run(go())
     assert [r.error for r in results] == [None] * 5
     assert [r.cached_tokens for r in results] == [0, 2000, 2000, 1984, 992]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_sglang_flavour_hits_what_sglangs_radix_cache_hits(seed):
+    """Token-granular matching against the literal SGLang radix tree of token lists: one request at
+    a time and in bursts, roomy pools and pools that evict, page sizes 1 and 4."""
+    rng = random.Random(seed)
+    burst = rng.choice((1, 6))
+    plan = fuzzed_prompts(200 + seed, 60, gap_s=30.0, max_context=400, burst=burst)
+    knobs = dict(pool_tokens=rng.choice((3000, 60_000)), page_size=rng.choice((1, 4)), chunked_prefill_size=256,
+                 max_model_len=420)
+    fast, _ = run(SGLangEngine, plan, **knobs)
+    ref, _ = run(TokenReferenceSGLang, plan, **knobs)
+    assert fast == ref
+    assert sum(fast) > 0
