@@ -45,7 +45,8 @@ class Identification:
 
     def to_json(self) -> dict:
         return {"level": self.level, "num_resamples": self.num_resamples, "condition_number": self.condition_number,
-                "intervals": {c: {"value": self.value[c], "low": self.low[c], "high": self.high[c]}
+                "intervals": {c: {"value": self.value[c], "low": self.low[c],
+                                  "high": self.high[c] if math.isfinite(self.high[c]) else None}
                               for c in self.value},
                 "unidentified": self.unidentified()}
 
@@ -98,6 +99,9 @@ def identify(rows: Sequence, seed: int, num_resamples: int = 200, level: float =
     tail = 100 * (1 - level) / 2
     low = {c: float(np.percentile(d, tail)) for c, d in draws.items()}
     high = {c: float(np.percentile(d, 100 - tail)) for c, d in draws.items()}
+    for c, column in zip(value, zip(*(m.features() + [m.num_requests] for m in measurements))):
+        if not any(column):  # no row exercises it: the fit's 0 says nothing
+            low[c], high[c] = 0.0, math.inf
     return Identification(value, low, high, condition_number(measurements), level, num_resamples)
 
 
