@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..sim.kv_pool import Stream
+from .tokenizer import common_prefix
 
 
 def chained_hashes(token_ids: list[int], block_size: int, start: int = 0, parent: int = 0) -> list[int]:
@@ -148,27 +149,10 @@ class BlockHashMatcher:
         the output the client saw, but the last output token, which never enters the KV cache)."""
         own = placement.own
         parent = own.hashes[-1] if own.hashes else (own.parent.hashes[-1] if own.parent else 0)
-        if own.parent is None and own.base:
-            raise AssertionError("a root node starts at block 0")
         self._add(own, chained_hashes(content_ids, self.block_size, own.end, parent))
         own.writing = False
         for n in (own, *placement.chain):
             n.num_users -= 1
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists (slice comparisons, done in C)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 class _TokenNode:
@@ -203,7 +187,7 @@ class TokenMatcher:
             child = node.children.get(token_ids[pos])
             if child is None:
                 break
-            k = _common_prefix(child.tokens, token_ids[pos:pos + len(child.tokens)])
+            k = common_prefix(child.tokens, token_ids[pos:pos + len(child.tokens)])
             if segments and segments[-1][1] == child.segment:
                 segments[-1] = (pos + k, child.segment)
             else:
