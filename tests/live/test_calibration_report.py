@@ -67,3 +67,17 @@ def test_a_model_the_rows_do_not_pin_down_is_not_written_unless_forced(tmp_path,
     assert "g_s_per_token" in fit["identification"]["unidentified"]
     assert finish_calibration(_result(NO_DECODE, 0.05), PLAN, out, None, tolerance=0.1, force=True) == 0
     assert out.exists()
+
+
+def test_check_charges_each_row_the_request_overhead_this_calibration_measured():
+    """Only the engine's steps are judged: a time to first token includes one request round trip
+    (here 10 ms), which the check adds to the model's steps; without it the true model fails."""
+    from loadgen.live.calibration_stats import check_rows
+
+    rows = []
+    for kind, m in FULL:
+        seconds = TRUTH.predict(m) + 0.010 * m.num_requests
+        rows.append(CalibrationRow(m.__class__(**{**m.__dict__, "seconds": seconds}), kind, [seconds] * 3))
+    assert check_rows(TRUTH, rows, 0.010, tolerance=0.1).passed
+    failed = check_rows(TRUTH, rows, 0.0, tolerance=0.1)
+    assert not failed.passed and failed.classes["cold"]["worst"] == "cold 16"
