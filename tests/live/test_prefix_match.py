@@ -157,13 +157,17 @@ def test_overlapping_requests_hit_what_vllm_hits(seed):
     assert fast == ref
 
 
-def test_serve_sim_reports_the_hits_vllm_reports_for_retried_edited_and_forked_prompts(serve_sim_factory):
-    """The issue's example over HTTP, one token-id prompt at a time, block size 16."""
+@pytest.mark.parametrize("flavor,hits", [("vllm", [0, 2000, 2000, 1984, 992]),
+                                         ("sglang", [0, 2000, 2000, 1999, 1000])])
+def test_serve_sim_reports_the_hits_the_engine_reports_for_retried_edited_and_forked_prompts(
+        serve_sim_factory, flavor, hits):
+    """The issue's example over HTTP, one token-id prompt at a time: vLLM hits whole 16-token blocks
+    (a repeated prompt recomputes its last block), SGLang every token (but the last)."""
     from loadgen.core.clock import WallClock
     from loadgen.core.engines import TurnRequest
     from loadgen.live.http_client import EndpointOptions, OpenAIEngineClient
 
-    server = serve_sim_factory(30.0)
+    server = serve_sim_factory(30.0, "--flavor", flavor)
     rng = random.Random(2)
     ids = lambda n: [rng.randrange(1, 29_000) for _ in range(n)]
     base = ids(2000)
@@ -180,7 +184,7 @@ def test_serve_sim_reports_the_hits_vllm_reports_for_retried_edited_and_forked_p
 
     results = asyncio.run(go())
     assert [r.error for r in results] == [None] * 5
-    assert [r.cached_tokens for r in results] == [0, 2000, 2000, 1984, 992]
+    assert [r.cached_tokens for r in results] == hits
 
 
 @pytest.mark.parametrize("seed", range(10))
