@@ -17,8 +17,12 @@ cost model's least-squares problem (loadgen/sim/cost.py):
   with decodes over a long waiting queue, the batch compositions of a collapsed engine, and the
   time until the last finishes is one row whose features replay the scheduler's steps.
 
-Every measurement is repeated and the median kept. Pool size and block size come from the
-server's /metrics. The result is a ``cost.json`` that a spec takes as ``engine.cost_model``.
+Every measurement is repeated (the median kept, every repeat reported) on prompts drawn fresh
+from the calibration's seed, after the server's prefix cache is emptied, and every request is
+checked against the server's own cached-token count: a row that does not measure what it says
+is measured again, then refused. Pool size and block size come from the server's /metrics.
+The result is a ``cost.json`` that a spec takes as ``engine.cost_model``; intervals, noise and
+``--check`` are loadgen/live/calibration_stats.py's.
 """
 
 from __future__ import annotations
