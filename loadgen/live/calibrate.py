@@ -102,8 +102,12 @@ class CalibrationRow:
     @property
     def spread(self) -> float:
         """Half the repeats' range over their median: how far one repeat may sit from the row."""
-        med = statistics.median(self.samples)
-        return (max(self.samples) - min(self.samples)) / (2 * med) if med > 0 and len(self.samples) > 1 else 0.0
+        return _spread(self.samples)
+
+
+def _spread(samples: list[float]) -> float:
+    med = statistics.median(samples)
+    return (max(samples) - min(samples)) / (2 * med) if med > 0 and len(samples) > 1 else 0.0
 
 
 @dataclass
@@ -158,10 +162,13 @@ class Calibrator:
                 f"({'a cold prompt hits nothing' if not expected else 'the prefix sent just before'})")
 
     async def _repeat(self, label: str, attempt) -> list[tuple]:
-        """``attempt()`` -> (seconds, hits, problem or None), ``plan.repeats`` times; an attempt the
-        server's counts contradict is made again with fresh prompts, then the row is refused."""
+        """``attempt()`` -> (seconds, hits, problem or None), ``plan.repeats`` times, and up to as
+        many again while the repeats spread wider than NOISY_SPREAD (a median needs more of them
+        then); an attempt the server's counts contradict is made again with fresh prompts, then
+        the row is refused."""
         out = []
-        for _ in range(self.plan.repeats):
+        while len(out) < self.plan.repeats or (len(out) < 2 * self.plan.repeats
+                                                and _spread([x[0] for x in out]) > NOISY_SPREAD):
             for tries in range(MAX_REMEASURES + 1):
                 seconds, hit, problem = await attempt()
                 if problem is None:

@@ -109,3 +109,20 @@ def test_a_calibration_that_finds_its_prompts_cached_measures_them_again(serve_s
     assert any("cold prefill 600: the server reports 592 cached tokens" in r for r in second.remeasures)
     # measured again with fresh prompts: the rows it kept are cold
     assert [r.measurement.label for r in second.rows] == [r.measurement.label for r in first.rows]
+
+
+def test_a_noisy_row_gets_more_repeats_for_its_median():
+    """Repeats that spread wider than 15% are followed by more, up to twice the plan's number."""
+    from loadgen.live.calibrate import Calibrator
+
+    def attempts(times):
+        it = iter(times)
+
+        async def attempt():
+            return next(it), 0, None
+        return attempt
+
+    calibrator = Calibrator(None, CalibrationPlan(repeats=3))
+    quiet = asyncio.run(calibrator._repeat("quiet", attempts([1.0, 1.01, 0.99])))
+    noisy = asyncio.run(calibrator._repeat("noisy", attempts([1.0, 2.0, 1.0, 1.0, 1.0, 1.0, 9.0])))
+    assert len(quiet) == 3 and len(noisy) == 6
