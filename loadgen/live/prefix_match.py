@@ -104,8 +104,8 @@ class BlockHashMatcher:
 
     def place(self, token_ids: list[int], prefix_tokens: int = 0) -> Placement:
         """Where the prompt ``token_ids`` runs; held until ``finished``. ``prefix_tokens``: a shared
-        prefix the client names (loadgen's header), kept as a node of its own from the start so that
-        sessions sharing it never need to split a stream another request holds."""
+        prefix the client names (loadgen's header), a node of its own from the start, so that the
+        sessions sharing it share one stream without splits (the engine's two-level fast path)."""
         bs = self.block_size
         hashes = chained_hashes(token_ids, bs)
         node, matched = None, 0
