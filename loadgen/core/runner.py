@@ -14,6 +14,7 @@ import pyarrow as pa
 from controllers import make_policy
 
 from ..sim import EngineConfig
+from ..sim.jitter import StepJitter
 from ..sim.sglang_engine import SGLangConfig
 from ..version import __version__
 from .clock import VirtualClock
@@ -22,7 +23,7 @@ from .gateway import Gateway
 from .recording import RunRecorder, merge_parts, write_json_atomic
 from .session import RunEnv, run_session
 from .spec import ExperimentSpec, FlushTrigger, SimEngineSpec
-from .workload import plan_sessions
+from .workload import Stream, plan_sessions, rng_for
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,8 @@ def engine_config(engine: SimEngineSpec) -> Union[EngineConfig, SGLangConfig]:
         reserve_full_prompt=engine.reserve_full_prompt, offload=engine.offload_config())
 
 
-def run_simulated(spec: ExperimentSpec, key: RunKey, out_dir: Path, spec_dir: Optional[Path] = None) -> dict:
+def run_simulated(spec: ExperimentSpec, key: RunKey, out_dir: Path, spec_dir: Optional[Path] = None,
+                  replicate: int = 0) -> dict:
     """Simulate one run in virtual time; writes its directory and returns its run.json."""
     spec.arm(key.arm)  # an unknown arm fails before anything is written
     run_dir = Path(out_dir) / "runs" / key.run_id
@@ -75,10 +77,12 @@ def run_simulated(spec: ExperimentSpec, key: RunKey, out_dir: Path, spec_dir: Op
     run_dir.mkdir(parents=True)
     engine_spec = spec.engine_for(spec.arm(key.arm))
     info = run_info(spec, key, engine_spec.kind, engine_spec.pool_tokens)
+    if replicate:
+        info["replicate"] = replicate
     write_json_atomic(run_dir / "run.json", info)
     recorder = RunRecorder(run_dir, key.run_id, key.arm, key.seed, spec.recording.flush_interval_s)
     try:
-        counts = simulate(spec, key, recorder, spec_dir)
+        counts = simulate(spec, key, recorder, spec_dir, replicate)
         recorder.close()
     except BaseException as exc:
         recorder.flush()
@@ -93,13 +97,19 @@ def run_simulated(spec: ExperimentSpec, key: RunKey, out_dir: Path, spec_dir: Op
     return info
 
 
-def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir: Optional[Path] = None) -> dict:
-    """Run one arm x seed in virtual time into ``recorder`` (not closed); returns run.json's counts."""
+def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir: Optional[Path] = None,
+             replicate: int = 0) -> dict:
+    """Run one arm x seed in virtual time into ``recorder`` (not closed); returns run.json's counts.
+    ``replicate``: which draw of the cost model's step jitter (none without jitter)."""
     arm = spec.arm(key.arm)
     ctl = spec.controller_for(arm)
     engine_spec = spec.engine_for(arm)
     clock = VirtualClock()
-    engine = SimEngineClient(clock, engine_config(engine_spec), engine_spec.load_cost_model(spec_dir))
+    cost = engine_spec.load_cost_model(spec_dir)
+    engine = SimEngineClient(clock, engine_config(engine_spec), cost)
+    if cost.step_jitter_sigma > 0:
+        engine.engine.jitter = StepJitter(cost.step_jitter_sigma, rng_for(Stream.STEP_JITTER, key.seed, key.arm,
+                                                                          replicate))
     gateway = Gateway(clock, make_policy(ctl.name, **ctl.params), engine.pool_tokens, ctl.start_s)
     env = RunEnv(clock, engine, gateway, recorder)
 

@@ -48,6 +48,8 @@ class Stream(enum.Enum):
     SHARED_PREFIX_TOKENS = ("shared-prefix-tokens", 4)  # (seed, arm, prefix_key, prefix_tokens)
     CALIBRATION_PROMPTS = ("calibration-prompts", 1)  # (seed,)
     SERVE_SIM_OUTPUT = ("serve-sim-output", 1)  # (seed,)
+    CALIBRATION_BOOTSTRAP = ("calibration-bootstrap", 1)  # (seed,)
+    STEP_JITTER = ("step-jitter", 3)  # (seed, arm, replicate)
 
     def __init__(self, tag: str, arity: int) -> None:
         self.tag = tag
