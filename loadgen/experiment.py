@@ -6,6 +6,7 @@ The one place that knows both runners, so that the run core (loadgen/core) and t
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from pathlib import Path
 from typing import Callable, Optional
@@ -13,6 +14,7 @@ from typing import Callable, Optional
 import yaml
 
 from .analysis.windows_table import write_windows
+from .core.recording import write_json_atomic
 from .core.run_pool import run_pooled
 from .core.runner import RunKey, completed_run, mark_interrupted, run_simulated
 from .core.same_spec import check_results_dir_spec
@@ -58,7 +60,8 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path, keys: list[RunKey], spec
     if spec.engine.kind != "openai" and num_workers > 1 and len(to_run) > 1:
         try:
             for key, info, wall_s in run_pooled(partial(_simulate_one, spec, out_dir, spec_dir), to_run,
-                                                min(num_workers, len(to_run)), on_run_start):
+                                                min(num_workers, len(to_run)), on_run_start,
+                                                partial(_lost_run, out_dir)):
                 results[key] = info
                 if on_run_done:
                     on_run_done(key, info, wall_s)
@@ -98,6 +101,20 @@ def _simulate_one(spec: ExperimentSpec, out_dir: Path, spec_dir: Optional[Path],
             write_windows(out_dir / "runs" / key.run_id)
     except Exception as exc:
         return _failed(key, exc)
+    return info
+
+
+def _lost_run(out_dir: Path, key: RunKey, exitcode: Optional[int]) -> dict:
+    """The worker process running ``key`` died (killed for memory, a native crash): the run is
+    recorded as failed in its run.json, with the rows it wrote, and the experiment goes on."""
+    error = f"its worker process died (exit code {exitcode}) before the run ended"
+    path = out_dir / "runs" / key.run_id / "run.json"
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"run_id": key.run_id, "status": "failed", "error": error}
+    info.update(status="failed", error=error)
+    write_json_atomic(path, info)
     return info
 
 

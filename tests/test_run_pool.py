@@ -1,5 +1,7 @@
 """`loadgen run --workers N`: simulated runs and figures over N processes write the same bytes."""
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +65,39 @@ def test_an_exception_escaping_the_work_is_raised_in_the_parent():
         assert "bad key" in str(exc)
     else:
         raise AssertionError("the worker's exception was lost")
+
+
+def _dies_on_two(x: int) -> int:
+    if x == 2:
+        os._exit(3)  # what an out-of-memory kill looks like from here: no exception, no result
+    return x
+
+
+def test_a_worker_that_dies_gives_its_key_the_lost_result_and_the_others_finish():
+    lost = []
+    done = {key: result for key, result, _ in run_pooled(
+        _dies_on_two, [1, 2, 3, 4], 2, on_lost=lambda key, code: lost.append((key, code)) or "lost")}
+    assert done == {1: 1, 2: "lost", 3: 3, 4: 4}
+    assert lost == [(2, 3)]
+
+
+def test_a_run_whose_worker_dies_is_recorded_failed_and_the_experiment_goes_on(tmp_path, monkeypatch):
+    import loadgen.experiment as experiment
+    from loadgen import run_keys
+    from loadgen.core.spec import parse_spec
+
+    spec = parse_spec(make_spec_dict(seeds=[1, 2]))
+    real = experiment._simulate_one
+
+    def dies_in_burst_s1(spec, out_dir, spec_dir, key):
+        if key.run_id == "burst-s1":
+            (out_dir / "runs" / key.run_id).mkdir(parents=True)
+            (out_dir / "runs" / key.run_id / "run.json").write_text('{"run_id": "burst-s1", "status": "running"}')
+            os._exit(9)
+        return real(spec, out_dir, spec_dir, key)
+
+    monkeypatch.setattr(experiment, "_simulate_one", dies_in_burst_s1)
+    results = experiment.run_experiment(spec, tmp_path, run_keys(spec), num_workers=2)
+    assert [r["status"] for r in results] == ["completed", "failed", "completed", "completed"]
+    recorded = json.loads((tmp_path / "runs" / "burst-s1" / "run.json").read_text())
+    assert recorded["status"] == "failed" and "worker process died (exit code 9)" in recorded["error"]

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import signal
 import time
 from typing import Callable, Iterator, Optional, Sequence, TypeVar
 
 Key = TypeVar("Key")
+LIVENESS_POLL_S = 0.5  # how often, while no run finishes, the workers are checked for one that died
 
 
 def default_workers() -> int:
@@ -26,47 +28,71 @@ def default_workers() -> int:
 
 
 def run_pooled(work: Callable[[Key], dict], keys: Sequence[Key], num_workers: int,
-               on_start: Optional[Callable[[Key], None]] = None) -> Iterator[tuple[Key, dict, float]]:
+               on_start: Optional[Callable[[Key], None]] = None,
+               on_lost: Optional[Callable[[Key, Optional[int]], dict]] = None) -> Iterator[tuple[Key, dict, float]]:
     """``work(key)`` for every key over ``num_workers`` forked processes: (key, result, wall
     seconds) as each finishes. At most ``num_workers`` keys are under way; ``on_start`` is told
     when one starts. ``work`` must catch what a run may raise (a failed run is a result).
+
+    A worker that dies under a key (killed for memory, a crash in native code) gives that key the
+    result ``on_lost(key, exit code)`` (without ``on_lost``: RuntimeError) and is replaced.
 
     Ctrl-C (SIGINT to the whole process group, or to this process alone: the workers are sent
     it too) stops the runs under way, which record it themselves (loadgen.core.runner), and
     raises KeyboardInterrupt here with the keys that were under way in ``exc.args[1]``."""
     ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    tasks, results = ctx.SimpleQueue(), ctx.SimpleQueue()
-    workers = [ctx.Process(target=_worker, args=(work, keys, tasks, results), daemon=True) for _ in range(num_workers)]
-    for proc in workers:
+    results = ctx.Queue()
+
+    def start_worker() -> list:  # [process, its task queue, the index it runs or None]
+        tasks = ctx.SimpleQueue()
+        proc = ctx.Process(target=_worker, args=(work, keys, tasks, results), daemon=True)
         proc.start()
-    under_way: set[int] = set()
-    next_index = 0
+        return [proc, tasks, None]
+
+    slots = [start_worker() for _ in range(num_workers)]
+    next_index = num_done = 0
     try:
-        while next_index < len(keys) or under_way:
-            while next_index < len(keys) and len(under_way) < num_workers:
-                if on_start is not None:
-                    on_start(keys[next_index])
-                under_way.add(next_index)
-                tasks.put(next_index)
-                next_index += 1
-            index, result, wall_s = results.get()
+        while num_done < len(keys):
+            for slot in slots:
+                if slot[2] is None and next_index < len(keys):
+                    if on_start is not None:
+                        on_start(keys[next_index])
+                    slot[2] = next_index
+                    slot[1].put(next_index)
+                    next_index += 1
+            try:
+                index, result, wall_s = results.get(timeout=LIVENESS_POLL_S)
+            except queue.Empty:
+                for n, slot in enumerate(slots):
+                    if slot[2] is not None and not slot[0].is_alive():
+                        key = keys[slot[2]]
+                        exitcode = slot[0].exitcode
+                        slots[n] = start_worker()
+                        num_done += 1
+                        if on_lost is None:
+                            raise RuntimeError(f"{key}: its worker process died (exit code {exitcode})") from None
+                        yield key, on_lost(key, exitcode), 0.0
+                continue
+            for slot in slots:
+                if slot[2] == index:
+                    slot[2] = None
+            num_done += 1
             if isinstance(result, BaseException):
                 raise result
-            under_way.discard(index)
             yield keys[index], result, wall_s
-        for _ in workers:
-            tasks.put(None)
-        for proc in workers:
-            proc.join()
+        for slot in slots:
+            slot[1].put(None)
+        for slot in slots:
+            slot[0].join()
     except KeyboardInterrupt as exc:
-        for proc in workers:
+        for proc, _, _ in slots:
             if proc.is_alive() and proc.pid is not None:
                 os.kill(proc.pid, signal.SIGINT)
-        for proc in workers:
+        for proc, _, _ in slots:
             proc.join(timeout=30)
-        raise KeyboardInterrupt("interrupted", [keys[i] for i in sorted(under_way)]) from exc
+        raise KeyboardInterrupt("interrupted", [keys[s[2]] for s in slots if s[2] is not None]) from exc
     finally:  # an error, or the caller stopped reading: nothing is left running
-        for proc in workers:
+        for proc, _, _ in slots:
             if proc.is_alive():
                 proc.terminate()
                 proc.join()
