@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pyarrow.parquet as pq
+import pytest
 import yaml
 
 from loadgen.core.runner import RunKey, run_simulated
@@ -29,8 +30,9 @@ def _turns(out, key):
     return pq.read_table(out / "runs" / key.run_id / "turns.parquet").to_pydict()
 
 
-def test_replicated_runs_are_deterministic_per_seed_and_replicate(tmp_path):
-    spec = _spec(cost_model=JITTERED)
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
+def test_replicated_runs_are_deterministic_per_seed_and_replicate(tmp_path, flavor):
+    spec = _spec(cost_model=JITTERED, flavor=flavor)
     key = RunKey("base", 1)
     runs = {}
     for name, replicate in (("a", 0), ("b", 0), ("c", 1)):
