@@ -17,6 +17,7 @@ from typing import Optional
 import numpy as np
 
 from .outcomes import run_outcome
+from .probability import format_probabilities, load_probabilities, score_probabilities
 from .runs import load_run
 from .tables import lag_warning
 from .windows import window_series
@@ -150,7 +151,10 @@ def compare_runs(real_dir: Path, sim_dir: Path, width_s: float = 300.0) -> dict:
             "sessions_mean_abs_diff": _mean_abs_diff(r_sess, s_sess),
         })
     diffs = [r["hit_ratio_mean_abs_diff"] for r in runs if r["hit_ratio_mean_abs_diff"] is not None]
-    return {"real_dir": str(real_dir), "sim_dir": str(sim_dir), "window_s": width_s, "runs": runs,
+    replicates = load_probabilities(sim_dir)
+    probabilities = (score_probabilities(replicates, {r["run_id"]: r["real"]["persistently_degraded"] for r in runs})
+                     if replicates is not None else None)
+    return {"probabilities": probabilities,"real_dir": str(real_dir), "sim_dir": str(sim_dir), "window_s": width_s, "runs": runs,
             "only_real": sorted(set(real_runs) - set(sim_runs)), "only_sim": sorted(set(sim_runs) - set(real_runs)),
             "left_out": left_out,
             # live runs whose driver or serve-sim fell behind the time scale (run.json "lagging"):
@@ -189,6 +193,8 @@ def format_comparison(result: dict) -> str:
         lines.append("unmatched runs (a seed or arm one side lacks; not compared): " + "; ".join(unmatched))
     if result.get("left_out"):
         lines.append(f"left out (only completed runs are compared): {_left_out_text(result['left_out'])}")
+    if result.get("probabilities"):
+        lines.append(format_probabilities(result["probabilities"]))
     warning = lag_warning([f"{e['side']} {e['run_id']}" for e in result.get("lagging") or []])
     if warning:
         lines.append(warning)

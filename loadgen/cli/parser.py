@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=int,
                      help="simulated runs and figures at once, one process each (default: one per CPU); "
                           "the results are the same bytes whatever the number")
+    run.add_argument("--replicates", type=int, metavar="R",
+                     help="simulated runs: each run again under R draws of the cost model's step jitter; "
+                          "P(persistently degraded) per seed in RESULTS/replicates.json")
     run.set_defaults(func=_cmd_run)
 
     sweep = sub.add_parser("sweep", help="run arms x seeds on a Ray cluster (engines on their own GPUs); resumes")
@@ -148,13 +151,22 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--check", metavar="COST_MODEL",
                      help="also predict every measurement with this preset or cost.json and exit 1 when the engine "
                           "runs more than --tolerance faster or slower than it says: is a twin still true?")
-    cal.add_argument("--tolerance", type=float, default=0.15,
-                     help="with --check: the largest accepted |measured / predicted - 1| (median over rows)")
+    cal.add_argument("--tolerance", type=float, default=0.10,
+                     help="with --check: the smallest bound on |measured / predicted - 1| of a row (a noisy "
+                          "row's bound is 3x its repeats' spread); every row of every class must be within it")
     cal.add_argument("--name", help="the cost model's name (default: the file name)")
     cal.add_argument("--repeats", type=int, default=3, help="repeats per measurement (median kept)")
     cal.add_argument("--max-num-batched-tokens", type=int, default=8192, help="the server's step token budget")
     cal.add_argument("--time-scale", type=float, default=1.0, help="the server runs X times faster than real time "
                                                                  "(a scaled serve-sim)")
+    cal.add_argument("--seed", type=int, help="the prompts' seed (default: a fresh one, recorded in the .fit.json)")
+    cal.add_argument("--strict", action="store_true",
+                     help="exit 1 when repeats disagree by more than 15%% or this machine was busy")
+    cal.add_argument("--force", action="store_true",
+                     help="write the cost.json even when a coefficient's interval is wider than its value")
+    cal.add_argument("--context", type=int, metavar="TOKENS",
+                     help="with --check: the workload's typical context, where the cold-turn cost is compared "
+                          "(default: the median cold row)")
     cal.set_defaults(func=_cmd_calibrate)
 
     compare = sub.add_parser("compare", help="a real engine's results beside the simulator's, run by run")

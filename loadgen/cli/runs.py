@@ -82,6 +82,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     num_workers = args.workers or default_workers()
     keys = _selected_runs(spec, args)
     out = Path(args.out)
+    if args.replicates is not None:
+        from ..replicates import check_replicates
+
+        check_replicates(spec, args.replicates, Path(args.spec).resolve().parent)
     _claim_results_dir(out, spec, args.force_new_spec, console)
     live = spec.engine.kind == "openai"
     num_to_run = len(keys)
@@ -138,6 +142,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
                       "machine (docs/results-format.md#lag)", soft_wrap=True)
     unreadable = (_report(out, console, figures=not args.no_figures, num_workers=num_workers)
                   if not args.no_report else [])
+    if args.replicates is not None and not failed:
+        from ..replicates import format_replicates, run_replicates
+
+        summary = run_replicates(spec, out, keys, args.replicates, Path(args.spec).resolve().parent,
+                                 on_done=lambda key, r, info: args.quiet or console.print(
+                                     f"{key.run_id} replicate {r}: {info.get('status')}"),
+                                 num_workers=num_workers)
+        print(format_replicates(summary), flush=True)
     return 1 if failed or unreadable else 0
 
 def _resume_args(args: argparse.Namespace) -> None:

@@ -297,9 +297,10 @@ def _check_calibrate_flags(args: argparse.Namespace) -> None:
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     import asyncio
-    import json
+    import secrets
 
-    from ..live.calibrate import CalibrationPlan, calibrate, check_cost_model, host_description
+    from ..live.calibrate import CalibrationPlan, calibrate
+    from ..live.calibration_report import finish_calibration
     from ..core.clock import WallClock
     from ..live.http_client import EndpointOptions, OpenAIEngineClient, PreflightError
 
@@ -310,12 +311,14 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     checked = _cost_model_arg(args.check, "--check") if args.check else None
     plan = CalibrationPlan(repeats=args.repeats, chunk_tokens=args.max_num_batched_tokens)
     out = Path(args.out) if args.out else None
+    # fresh prompts every calibration: a second one against a warm server must not find its rows cached
+    seed = args.seed if args.seed is not None else secrets.randbits(32)
 
     async def main():
         client = OpenAIEngineClient(WallClock(), EndpointOptions(url=url, model=args.model))
         try:
             return await calibrate(client, plan, name=args.name or (out.stem if out else "measured"),
-                                   time_scale=args.time_scale,
+                                   time_scale=args.time_scale, seed=seed,
                                    log=lambda msg: print(msg, file=sys.stderr, flush=True))
         finally:
             await client.close()
@@ -324,26 +327,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         result = asyncio.run(main())
     except PreflightError as exc:
         raise SpecError(str(exc)) from None
-    print(result.fit.table())
-    if out:
-        out.write_text(json.dumps(result.fit.model.to_json(), indent=1) + "\n")
-        report = {"cost_model": result.fit.model.to_json(), "pool_tokens": result.pool_tokens,
-                  "block_size": result.block_size, "max_num_batched_tokens": plan.chunk_tokens,
-                  "request_overhead_s": result.fit.request_overhead_s, "host": host_description(),
-                  "rows": result.fit.rows}
-        out.with_suffix(".fit.json").write_text(json.dumps(report, indent=1) + "\n")
-        print(f"pool {result.pool_tokens} tokens, block size {result.block_size}; wrote {out} "
-              f"(use it as engine.cost_model) and {out.with_suffix('.fit.json')}")
-    if checked is None:
-        return 0
-    check = check_cost_model(checked, result.measurements, result.fit.request_overhead_s)
-    print(check.table())
-    if abs(check.median_ratio - 1) > args.tolerance:
-        print(f"{checked.name} does not describe this engine: it runs {check.median_ratio:.2f}x the time the "
-              f"model predicts (tolerance {args.tolerance:.0%}); calibrate again and run the twin on the new "
-              "cost.json", file=sys.stderr)
-        return 1
-    return 0
+    return finish_calibration(result, plan, out, checked, tolerance=args.tolerance, strict=args.strict,
+                              force=args.force, typical_context=args.context, time_scale=args.time_scale)
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from controllers import make_policy
 from routers import make_router
 
 from ..sim import EngineConfig
+from ..sim.jitter import StepJitter
 from ..sim.sglang_engine import SGLangConfig
 from ..version import __version__
 from .clock import VirtualClock
@@ -70,7 +71,8 @@ def engine_config(engine: SimEngineSpec) -> Union[EngineConfig, SGLangConfig]:
         reserve_full_prompt=engine.reserve_full_prompt, offload=engine.offload_config())
 
 
-def run_simulated(spec: ExperimentSpec, key: RunKey, out_dir: Path, spec_dir: Optional[Path] = None) -> dict:
+def run_simulated(spec: ExperimentSpec, key: RunKey, out_dir: Path, spec_dir: Optional[Path] = None,
+                  replicate: int = 0) -> dict:
     """Simulate one run in virtual time; writes its directory and returns its run.json."""
     spec.arm(key.arm)  # an unknown arm fails before anything is written
     run_dir = Path(out_dir) / "runs" / key.run_id
@@ -80,11 +82,13 @@ def run_simulated(spec: ExperimentSpec, key: RunKey, out_dir: Path, spec_dir: Op
     engine_spec = spec.engine_for(spec.arm(key.arm))
     pool_tokens, deployment = sim_pool_and_deployment(engine_spec)
     info = run_info(spec, key, engine_spec.kind, pool_tokens, **deployment)
+    if replicate:
+        info["replicate"] = replicate
     write_json_atomic(run_dir / "run.json", info)
     recorder = RunRecorder(run_dir, key.run_id, key.arm, key.seed, spec.recording.flush_interval_s,
                            replica_columns=engine_spec.replicas > 1)
     try:
-        counts = simulate(spec, key, recorder, spec_dir)
+        counts = simulate(spec, key, recorder, spec_dir, replicate)
         recorder.close()
     except BaseException as exc:
         recorder.flush()
@@ -99,13 +103,19 @@ def run_simulated(spec: ExperimentSpec, key: RunKey, out_dir: Path, spec_dir: Op
     return info
 
 
-def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir: Optional[Path] = None) -> dict:
-    """Run one arm x seed in virtual time into ``recorder`` (not closed); returns run.json's counts."""
+def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir: Optional[Path] = None,
+             replicate: int = 0) -> dict:
+    """Run one arm x seed in virtual time into ``recorder`` (not closed); returns run.json's counts.
+    ``replicate``: which draw of the cost model's step jitter (none without jitter)."""
     arm = spec.arm(key.arm)
     ctl = spec.controller_for(arm)
     engine_spec = spec.engine_for(arm)
     clock = VirtualClock()
     engine = make_engine(clock, engine_spec, key, spec_dir)
+    sigma = engine_spec.load_cost_model(spec_dir).step_jitter_sigma
+    if sigma > 0:  # each replica's steps draw from a stream of their own
+        for i, replica in enumerate(getattr(engine, "replicas", [engine])):
+            replica.engine.jitter = StepJitter(sigma, rng_for(Stream.STEP_JITTER, key.seed, key.arm, replicate, i))
     plans = plan_sessions(spec, arm, key.seed)
     policy = make_policy(ctl.name, **ctl.params)
     if getattr(policy, "needs_program_table", False):  # thunderagent: a program table, a periodic schedule

@@ -49,6 +49,8 @@ class Stream(enum.Enum):
     CALIBRATION_PROMPTS = ("calibration-prompts", 1)  # (seed,)
     SERVE_SIM_OUTPUT = ("serve-sim-output", 1)  # (seed,)
     ROUTER = ("router", 2)  # (seed, arm): a deployment's router (ties, random picks)
+    CALIBRATION_BOOTSTRAP = ("calibration-bootstrap", 1)  # (seed,)
+    STEP_JITTER = ("step-jitter", 4)  # (seed, arm, replicate, replica)
 
     def __init__(self, tag: str, arity: int) -> None:
         self.tag = tag

@@ -17,8 +17,12 @@ cost model's least-squares problem (loadgen/sim/cost.py):
   with decodes over a long waiting queue, the batch compositions of a collapsed engine, and the
   time until the last finishes is one row whose features replay the scheduler's steps.
 
-Every measurement is repeated and the median kept. Pool size and block size come from the
-server's /metrics. The result is a ``cost.json`` that a spec takes as ``engine.cost_model``.
+Every measurement is repeated (the median kept, every repeat reported) on prompts drawn fresh
+from the calibration's seed, after the server's prefix cache is emptied, and every request is
+checked against the server's own cached-token count: a row that does not measure what it says
+is measured again, then refused. Pool size and block size come from the server's /metrics.
+The result is a ``cost.json`` that a spec takes as ``engine.cost_model``; intervals, noise and
+``--check`` are loadgen/live/calibration_stats.py's.
 """
 
 from __future__ import annotations
@@ -31,9 +35,19 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from ..core.engines import TurnRequest, TurnResult
+from ..core.lateness import LatenessHistogram
 from ..core.workload import Stream, rng_for
 from .http_client import OpenAIEngineClient, PreflightError
 from ..sim.cost import FitResult, Measurement, StepCostModel, decode_step, fit_cost_model, prefill, queue_drain
+
+# a row whose repeats spread wider than this (half their range over their median) is noisy
+NOISY_SPREAD = 0.15
+# a row the server's cached-token counts contradict is measured again this many times, then refused
+MAX_REMEASURES = 2
+
+
+class CalibrationRefused(PreflightError):
+    """The server's own counts say a row does not measure what it claims."""
 
 
 def _ttft(m: Measurement) -> Measurement:
@@ -44,6 +58,8 @@ def _ttft(m: Measurement) -> Measurement:
 @dataclass(frozen=True)
 class CalibrationPlan:
     cold_contexts: tuple[int, ...] = (16, 1000, 2000, 4000, 8000, 12000, 16000)
+    # (cached, new): small additions on long cached contexts pin the attention term b (b * new *
+    # cached outweighs a * new once cached > a / b, ~17K tokens on the 8B preset)
     incremental: tuple[tuple[int, int], ...] = ((2000, 1000), (6000, 500), (12000, 1000), (16000, 250))
     decode: tuple[tuple[int, int], ...] = ((1, 1000), (1, 8000), (4, 2000), (8, 4000), (16, 1000))
     decode_tokens: int = 64
@@ -60,22 +76,66 @@ class CalibrationPlan:
 
 
 @dataclass
+class CalibrationRow:
+    """One measured row: its median as the fit's ``Measurement``, every repeat, and its class
+    (cold, incremental, decode, queue), which ``--check`` judges apart."""
+
+    measurement: Measurement
+    kind: str
+    samples: list[float]
+    remeasured: int = 0  # attempts the server's counts rejected before this one
+
+    def to_json(self) -> dict:
+        m = self.measurement
+        return {"label": m.label, "kind": self.kind, "seconds": m.seconds, "samples": self.samples,
+                "spread": self.spread, "features": {"num_steps": m.num_steps, "num_tokens": m.num_tokens,
+                                                    "attention_tokens2": m.attention_tokens2,
+                                                    "decode_context_tokens": m.decode_context_tokens,
+                                                    "num_requests": m.num_requests}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CalibrationRow":
+        """A row of a .fit.json: ``--check`` and the intervals can be redone from the file."""
+        return cls(Measurement(data["label"], data["seconds"], source="measured", **data["features"]),
+                   data["kind"], list(data["samples"]))
+
+    @property
+    def spread(self) -> float:
+        """Half the repeats' range over their median: how far one repeat may sit from the row."""
+        return _spread(self.samples)
+
+
+def _spread(samples: list[float]) -> float:
+    med = statistics.median(samples)
+    return (max(samples) - min(samples)) / (2 * med) if med > 0 and len(samples) > 1 else 0.0
+
+
+@dataclass
 class CalibrationResult:
     fit: FitResult
     pool_tokens: Optional[int]
     block_size: Optional[int]
     measurements: list[Measurement] = field(default_factory=list)
+    rows: list[CalibrationRow] = field(default_factory=list)
+    seed: int = 0
+    cache_reset: str = ""  # how the prefix cache was emptied first, or why it could not be
+    remeasures: list[str] = field(default_factory=list)  # the rows measured again, and why
+    lateness: dict = field(default_factory=dict)  # this process's own timer lateness during the calibration
 
 
 class Calibrator:
     def __init__(self, client: OpenAIEngineClient, plan: CalibrationPlan, time_scale: float = 1.0,
-                 seed: int = 0, log: Callable[[str], None] = lambda msg: None) -> None:
+                 seed: int = 0, block_size: Optional[int] = None,
+                 log: Callable[[str], None] = lambda msg: None) -> None:
         self.client = client
         self.plan = plan
         self.time_scale = time_scale  # a scaled serve-sim runs time_scale x faster than the wall clock
         self.rng = rng_for(Stream.CALIBRATION_PROMPTS, seed)  # never a run's token ids
+        # how far below a cached prefix the server's count may fall: it hits whole blocks only
+        self.block_size = block_size or 1
         self.log = log
         self._ids = 0
+        self.remeasures: list[str] = []
 
     def _prompt(self, num_tokens: int) -> list[int]:
         # random ids: no measurement shares a prefix with another by accident
@@ -91,115 +151,170 @@ class Calibrator:
     def _s(self, seconds: float) -> float:
         return seconds * self.time_scale
 
-    async def cold(self, context: int) -> Measurement:
-        times = []
-        for _ in range(self.plan.repeats):
+    def _hit_problem(self, what: str, results: list[TurnResult], expected: int) -> Optional[str]:
+        """Why the server's cached-token counts contradict the row (None: they agree): a cold
+        prompt must hit nothing, a cached prefix of ``expected`` tokens all its whole blocks."""
+        low = max(0, expected - self.block_size) if expected else 0
+        bad = [r.cached_tokens for r in results if not low <= r.cached_tokens <= expected]
+        if not bad:
+            return None
+        return (f"{what}: the server reports {bad[0]} cached tokens where {expected} were expected "
+                f"({'a cold prompt hits nothing' if not expected else 'the prefix sent just before'})")
+
+    async def _repeat(self, label: str, attempt) -> list[tuple]:
+        """``attempt()`` -> (seconds, hits, problem or None), ``plan.repeats`` times, and up to as
+        many again while the repeats spread wider than NOISY_SPREAD (a median needs more of them
+        then); an attempt the server's counts contradict is made again with fresh prompts, then
+        the row is refused."""
+        out = []
+        while len(out) < self.plan.repeats or (len(out) < 2 * self.plan.repeats
+                                                and _spread([x[0] for x in out]) > NOISY_SPREAD):
+            for tries in range(MAX_REMEASURES + 1):
+                seconds, hit, problem = await attempt()
+                if problem is None:
+                    out.append((seconds, hit, tries))
+                    break
+                self.remeasures.append(problem)
+                self.log(f"  {problem}: measured again with fresh prompts")
+            else:
+                raise CalibrationRefused(f"{label}: {problem}, {MAX_REMEASURES + 1} times; this row does not "
+                                         "measure what it says (a server caching across requests it should not, "
+                                         "or not reporting its cached tokens)")
+        return out
+
+    @staticmethod
+    def _row(m: Measurement, kind: str, measured: list[tuple], scale: float = 1.0) -> CalibrationRow:
+        return CalibrationRow(m, kind, [x[0] * scale for x in measured], sum(x[2] for x in measured))
+
+    async def cold(self, context: int) -> CalibrationRow:
+        async def attempt():
             r = await self._send(self._prompt(context), 1)
-            times.append(self._s(r.first_token_s - r.submitted_s))
-        return _ttft(prefill(f"cold prefill {context}", statistics.median(times), context,
-                             chunk_tokens=self.plan.chunk_tokens, source="measured"))
+            return self._s(r.first_token_s - r.submitted_s), 0, self._hit_problem(f"cold prefill {context}", [r], 0)
 
-    async def incremental(self, cached: int, new: int) -> Measurement:
-        times, hits = [], []
-        for _ in range(self.plan.repeats):
+        measured = await self._repeat(f"cold prefill {context}", attempt)
+        m = _ttft(prefill(f"cold prefill {context}", statistics.median(x[0] for x in measured), context,
+                          chunk_tokens=self.plan.chunk_tokens, source="measured"))
+        return self._row(m, "cold", measured)
+
+    async def incremental(self, cached: int, new: int) -> CalibrationRow:
+        async def attempt():
             base = self._prompt(cached)
-            await self._send(base, 1)
+            first = await self._send(base, 1)
             r = await self._send(base + self._prompt(new), 1)
-            times.append(self._s(r.first_token_s - r.submitted_s))
-            hits.append(r.cached_tokens)
-        hit = int(statistics.median(hits))
-        return _ttft(prefill(f"{new} new on {cached} cached (hit {hit})", statistics.median(times),
-                             cached + new - hit, hit, chunk_tokens=self.plan.chunk_tokens, source="measured"))
+            problem = (self._hit_problem(f"the base of {new} new on {cached}", [first], 0)
+                       or self._hit_problem(f"{new} new on {cached} cached", [r], cached))
+            return self._s(r.first_token_s - r.submitted_s), r.cached_tokens, problem
 
-    async def decode(self, batch: int, context: int) -> Measurement:
+        measured = await self._repeat(f"{new} new on {cached} cached", attempt)
+        hit = int(statistics.median(x[1] for x in measured))
+        m = _ttft(prefill(f"{new} new on {cached} cached (hit {hit})", statistics.median(x[0] for x in measured),
+                          cached + new - hit, hit, chunk_tokens=self.plan.chunk_tokens, source="measured"))
+        return self._row(m, "incremental", measured)
+
+    async def decode(self, batch: int, context: int) -> CalibrationRow:
         """One decode step of the batch: how much longer the batch takes to generate m tokens than
         one. Both runs are warm (only the last prompt block is recomputed) and time whole requests:
         a server may merge several tokens into one streamed chunk when its front end lags behind
         the engine (vLLM does), so chunk arrival times do not time single steps."""
         m = self.plan.decode_tokens
-        steps = []
-        for _ in range(self.plan.repeats):
+        label = f"decode batch {batch} at {context}"
+
+        async def attempt():
             prompts = [self._prompt(context) for _ in range(batch)]
             await asyncio.gather(*(self._send(p, 1) for p in prompts))  # warm the prompts
             one = await asyncio.gather(*(self._send(p, 1) for p in prompts))
             many = await asyncio.gather(*(self._send(p, m) for p in prompts))
             total = lambda results: max(r.finish_s for r in results) - min(r.submitted_s for r in results)
-            steps.append(self._s(total(many) - total(one)) / (m - 1))
-        step_s = statistics.median(steps)
+            # each prompt was just cached: all of it but the block of its last token hits
+            problem = self._hit_problem(label, [*one, *many], context - 1)
+            return self._s(total(many) - total(one)) / (m - 1), 0, problem
+
+        measured = await self._repeat(label, attempt)
+        step_s = statistics.median(x[0] for x in measured)
         if step_s <= 0:
             raise PreflightError(f"decode at batch {batch}, context {context}: generating {m} tokens took no "
                                  "longer than 1; raise decode_tokens")
-        return decode_step(f"decode batch {batch} at {context}", step_s, batch, context + m // 2,
-                           source="measured")
+        return self._row(decode_step(label, step_s, batch, context + m // 2, source="measured"), "decode", measured)
 
-    async def queue(self, num_requests: int, new: int, cached: int) -> Measurement:
+    async def queue(self, num_requests: int, new: int, cached: int) -> CalibrationRow:
         out = self.plan.queue_output_tokens
-        times, hits = [], []
-        for _ in range(self.plan.repeats):
+        label = f"queue of {num_requests}: {new} new on {cached} cached"
+
+        async def attempt():
             prefix = self._prompt(cached)
             await self._send(prefix, 1)  # the shared prefix, cached
             results = await asyncio.gather(*(self._send(prefix + self._prompt(new), out)
                                              for _ in range(num_requests)))
-            times.append(self._s(max(r.finish_s for r in results) - min(r.submitted_s for r in results)))
-            hits.append(statistics.median(r.cached_tokens for r in results))
-        hit = int(statistics.median(hits))
-        return queue_drain(f"queue of {num_requests}: {new} new on {cached} cached (hit {hit}), {out} out",
-                           statistics.median(times), num_requests, cached + new - hit, hit, out,
-                           chunk_tokens=self.plan.chunk_tokens, source="measured")
+            seconds = self._s(max(r.finish_s for r in results) - min(r.submitted_s for r in results))
+            return seconds, statistics.median(r.cached_tokens for r in results), self._hit_problem(label, results, cached)
 
-    async def run(self) -> list[Measurement]:
+        measured = await self._repeat(label, attempt)
+        hit = int(statistics.median(x[1] for x in measured))
+        m = queue_drain(f"{label} (hit {hit}), {out} out", statistics.median(x[0] for x in measured),
+                        num_requests, cached + new - hit, hit, out, chunk_tokens=self.plan.chunk_tokens,
+                        source="measured")
+        return self._row(m, "queue", measured)
+
+    async def run(self) -> list[CalibrationRow]:
         rows = []
+
+        def logged(row: CalibrationRow, unit: str, scale: float, digits: int) -> None:
+            rows.append(row)
+            self.log(f"  {row.measurement.label}: {row.measurement.seconds * scale:.{digits}f} {unit} "
+                     f"(repeats within {100 * row.spread:.0f}%)")
+
         for context in self.plan.cold_contexts:
-            rows.append(await self.cold(context))
-            self.log(f"  {rows[-1].label}: {rows[-1].seconds * 1e3:.1f} ms")
+            logged(await self.cold(context), "ms", 1e3, 1)
         for cached, new in self.plan.incremental:
-            rows.append(await self.incremental(cached, new))
-            self.log(f"  {rows[-1].label}: {rows[-1].seconds * 1e3:.1f} ms")
+            logged(await self.incremental(cached, new), "ms", 1e3, 1)
         for batch, context in self.plan.decode:
-            rows.append(await self.decode(batch, context))
-            self.log(f"  {rows[-1].label}: {rows[-1].seconds * 1e3:.2f} ms/step")
+            logged(await self.decode(batch, context), "ms/step", 1e3, 2)
         for num_requests, new, cached in self.plan.queues:
-            rows.append(await self.queue(num_requests, new, cached))
-            self.log(f"  {rows[-1].label}: {rows[-1].seconds:.2f} s")
+            logged(await self.queue(num_requests, new, cached), "s", 1, 2)
         return rows
 
 
+async def _watch_lateness(clock, stop: asyncio.Event, lateness: LatenessHistogram, period_s: float = 0.01) -> None:
+    """Sleep in short steps while the calibration runs, recording how late each wake-up came: a
+    busy machine delays this process's timers as it delays the server's steps (``run`` flags a
+    run the same way)."""
+    while not stop.is_set():
+        start = clock.now()
+        await clock.sleep(period_s)
+        lateness.record(clock.now() - start - period_s)
+
+
+async def reset_prefix_cache(client: OpenAIEngineClient) -> str:
+    """Empty the server's prefix cache first (vLLM's /reset_prefix_cache, SGLang's /flush_cache):
+    what was done, or why it could not be (fresh prompts then keep the cold rows cold)."""
+    try:
+        await client.flush_async()
+        return "reset" if client.server != "sglang" else "flushed"
+    except PreflightError as exc:
+        return f"not reset: {exc}"
+
+
 async def calibrate(client: OpenAIEngineClient, plan: CalibrationPlan, name: str, time_scale: float = 1.0,
-                    log: Callable[[str], None] = lambda msg: None) -> CalibrationResult:
+                    log: Callable[[str], None] = lambda msg: None, seed: int = 0,
+                    reset_cache: bool = True) -> CalibrationResult:
     info = await client.preflight(plan.largest_context())
-    log(f"calibrating {client.base} ({info['model']}, pool {info['pool_tokens']} tokens)")
-    rows = await Calibrator(client, plan, time_scale, log=log).run()
+    log(f"calibrating {client.base} ({info['model']}, pool {info['pool_tokens']} tokens, prompts of seed {seed})")
+    cache_reset = await reset_prefix_cache(client) if reset_cache else "not asked"
+    if cache_reset.startswith("not reset"):
+        log(f"  the prefix cache was {cache_reset}")
+    calibrator = Calibrator(client, plan, time_scale, seed=seed, block_size=info.get("block_size"), log=log)
+    stop, lateness = asyncio.Event(), LatenessHistogram()
+    watcher = asyncio.ensure_future(_watch_lateness(client.clock, stop, lateness))
+    try:
+        rows = await calibrator.run()
+    finally:
+        stop.set()
+        await watcher
     scraped = client.last_metrics
-    return CalibrationResult(fit_cost_model(rows, name=name, fit_request_overhead=True), info["pool_tokens"],
-                             scraped.block_size if scraped else None, rows)
-
-
-@dataclass
-class CostCheck:
-    """A cost model's predictions of measured rows: is the twin built on it still true?"""
-
-    model_name: str
-    rows: list[dict]
-    median_ratio: float  # measured / predicted: 2.0 means the engine takes twice what the model says
-
-    def table(self) -> str:
-        lines = [f"checking {self.model_name}:", f"{'measurement':62s} {'measured s':>10s} {'predicted s':>11s} "
-                                                 f"{'ratio':>6s}"]
-        for r in self.rows:
-            lines.append(f"{r['label'][:62]:62s} {r['measured_s']:10.4f} {r['predicted_s']:11.4f} {r['ratio']:6.2f}")
-        lines.append(f"median ratio {self.median_ratio:.2f} (measured / predicted)")
-        return "\n".join(lines)
-
-
-def check_cost_model(model: StepCostModel, measurements: list[Measurement], request_overhead_s: float) -> CostCheck:
-    """Predict each measurement with ``model``; the request round trips inside a row are charged
-    what this calibration measured them at, so only the engine's steps are judged."""
-    rows = []
-    for m in measurements:
-        predicted = model.predict(m) + request_overhead_s * m.num_requests
-        rows.append({"label": m.label, "measured_s": m.seconds, "predicted_s": predicted,
-                     "ratio": m.seconds / predicted})
-    return CostCheck(model.name, rows, statistics.median(r["ratio"] for r in rows))
+    measurements = [r.measurement for r in rows]
+    return CalibrationResult(fit_cost_model(measurements, name=name, fit_request_overhead=True), info["pool_tokens"],
+                             scraped.block_size if scraped else info.get("block_size"), measurements, rows, seed,
+                             cache_reset, calibrator.remeasures, lateness.summary())
 
 
 def host_description() -> dict:

@@ -15,8 +15,8 @@ instead: ``/v1/completions`` (cached tokens in ``usage.prompt_tokens_details`` a
 ``/get_server_info`` (``max_total_num_tokens``), ``/get_model_info``, ``/health`` and
 ``/metrics`` under SGLang's names (``sglang:token_usage``, ``sglang:cache_hit_rate``,
 ``sglang:cached_tokens_total``, ...; no ``sglang:max_total_num_tokens`` gauge, as in 0.5.x).
-Its requests are mapped onto streams token by token (``TokenPromptMapper``), since SGLang caches
-every token. A client that hangs up does not abort its request (the simulated SGLang engine has
+Its requests are matched token by token (``TokenMatcher``, loadgen/live/prefix_match.py), since
+SGLang caches every token. A client that hangs up does not abort its request (the simulated SGLang engine has
 no abort): it runs to its end.
 
 serve-sim measures how late it delivers the engine's step completions against its scaled clock
@@ -26,12 +26,15 @@ serve-sim measures how late it delivers the engine's step completions against it
 to mark a run whose server fell behind (run.json ``lagging``, docs/results-format.md#lag).
 
 The simulated engine reasons about streams, not tokens, so requests are mapped onto streams by
-content: block hashes chained as vLLM chains them. A request whose prompt covers every block
-recorded for a stream (and extends it) continues that stream; anything else starts a new
-one. The shared-prefix boundary comes from the ``X-Loadgen-Prefix-Tokens`` header that
-loadgen's client sends (real servers ignore it); without it nothing is shared across streams.
-So loadgen's append-only sessions get exactly the simulated engine's hits; a client that forks
-or rewrites a context gets fewer hits than vLLM would give it.
+content: block hashes chained as vLLM chains them. With ``--flavor vllm`` any token prompt is
+matched as vLLM matches it (loadgen/live/prefix_match.py): a retried, edited or forked prompt,
+or a prefix shared across sessions, hits every block vLLM's pool would give it; the
+``X-Loadgen-Prefix-Tokens`` header that loadgen's client sends (real servers ignore it) only
+makes a shared system prompt a stream of its own from the start; ``--flavor sglang`` matches
+any prompt token by token, as SGLang's radix tree does. With the CPU offload tier
+(``--offload-cpu-tokens``) a request continues a stream only when its prompt extends
+everything recorded for it (after the header's shared prefix), else it starts a new one: a
+client that forks or rewrites a context gets fewer hits there than vLLM would give it.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from ..core.clock import WallClock
 from ..core.engines import SimEngineClient
 from ..core.workload import Stream, rng_for
 from .http_client import LAG_PATH
+from .prefix_match import BlockHashMatcher, Placement, TokenMatcher
 from .tokenizer import SPECIAL_TOKENS, LocalTokenizer, render_simple, single_token_words
 from ..sim import EngineConfig, SimRequest, StepCostModel
 from ..sim.sglang_engine import SGLangConfig
@@ -119,70 +123,6 @@ class PromptMapper:
 
 
 
-class TokenPromptMapper(PromptMapper):
-    """Token-id prompts onto streams for an engine that caches every token (SGLang's radix tree,
-    page size 1): the shared prefix is the header's exact length (page-aligned), and a stream is
-    continued only when the prompt agrees with all of its recorded content, the part after its
-    last whole lookup block included (kept as a tail), not just its whole blocks as vLLM's cache
-    needs. Lookup blocks are ``lookup_block`` tokens (hashing per token would cost a dict entry
-    per token); they only find the candidate stream.
-
-    A prompt shorter than a stream's content (a prompt sent again, the preflight's probes) continues
-    it only if its request cannot write past that content: the engine names cached tokens by
-    stream position, so a different continuation would be taken for the cached one."""
-
-    def __init__(self, page_size: int, lookup_block: int = 16) -> None:
-        super().__init__(lookup_block)
-        self.page_size = page_size
-        self._length: dict[int, int] = {}  # stream id -> tokens recorded, the shared prefix included
-        self._base: dict[int, int] = {}  # stream id -> shared-prefix tokens it starts after
-        self._tail: dict[int, tuple] = {}  # stream id -> its tokens after the last whole lookup block
-
-    def map_tokens(self, token_ids: list[int], prefix_tokens: int, max_tokens: int) -> tuple[Optional[tuple], int, int]:
-        """(prefix key or None, prefix tokens, own stream id); the stream is busy until ``record``."""
-        g = self.block_size
-        n = len(token_ids)
-        base = min(max(prefix_tokens, 0), n - 1) if n else 0
-        base -= base % self.page_size
-        prefix_key = ("prefix", hash(tuple(token_ids[:base]))) if base else None
-        hashes = self.chained_hashes(token_ids)
-        stream = None
-        for j in range(len(hashes) - 1, base // g - 1, -1):
-            owner = self._block_owner.get(hashes[j])
-            if owner is None:
-                continue
-            sid, index = owner
-            length = self._length[sid]
-            whole = length // g
-            upto = min(n, length)
-            if (index == j and whole == j + 1 and sid not in self._busy and self._base[sid] == base
-                    and tuple(token_ids[whole * g:upto]) == self._tail[sid][:upto - whole * g]
-                    and (n >= length or n + max_tokens - 1 <= length)):
-                stream = sid
-            break
-        if stream is None:
-            stream = next(self._ids)
-            self._length[stream] = base
-            self._base[stream] = base
-            self._tail[stream] = tuple(token_ids[base - base % g:base])
-        self._busy.add(stream)
-        return prefix_key, base, stream
-
-    def record_tokens(self, stream: int, token_ids: list[int]) -> None:
-        """After a turn: the stream's content is what it was plus ``token_ids`` past its end
-        (prompt + output but the last token, as the engine inserts them)."""
-        g = self.block_size
-        length = self._length[stream]
-        n = len(token_ids)
-        if n > length:
-            hashes = self.chained_hashes(token_ids)
-            for j in range(max(length // g, self._base[stream] // g), len(hashes)):
-                self._block_owner[hashes[j]] = (stream, j)
-            self._length[stream] = n
-            self._tail[stream] = tuple(token_ids[n - n % g:n])
-        self._busy.discard(stream)
-
-
 def text_to_ids(text: str, vocab: int = 30000) -> list[int]:
     """A stand-in tokenizer for text prompts: one token per whitespace-separated word."""
     return [hash(word) % (vocab - 1) + 1 for word in text.split()]
@@ -237,8 +177,12 @@ class SimServer:
         self.flavor = "sglang" if isinstance(config, SGLangConfig) else "vllm"
         self._rng = rng_for(Stream.SERVE_SIM_OUTPUT, seed)
         self.client: Optional[SimEngineClient] = None
-        self.mapper = (TokenPromptMapper(config.page_size) if self.flavor == "sglang"
-                       else PromptMapper(config.block_size))
+        self.mapper = PromptMapper(config.block_size)  # vLLM with the host tier
+        # vLLM without a host tier: any prompt matched by block hashes (made with the engine)
+        self._matcher: Optional[BlockHashMatcher] = None
+        self._match_blocks = self.flavor == "vllm" and getattr(config, "offload", None) is None
+        # SGLang: any prompt matched token by token (its radix tree then names tokens by chains)
+        self._tokens = TokenMatcher(config.page_size) if self.flavor == "sglang" else None
         self._ids = itertools.count(1)
         self._hit_rate_mark = (0, 0)  # (queries, hits) at the previous /metrics: sglang:cache_hit_rate
         self._retracted_mark = 0  # retractions at the previous /metrics: sglang:num_retracted_reqs
@@ -251,6 +195,12 @@ class SimServer:
     def _engine(self) -> SimEngineClient:
         if self.client is None:  # needs the running loop
             self.client = SimEngineClient(WallClock(self.time_scale), self.config, self.cost)
+            if self._match_blocks:
+                self._matcher = BlockHashMatcher(self.client.engine, self.config.block_size)
+            if self._tokens is not None:
+                from ..sim.radix_chains import ChainRadixCache
+
+                self.client.engine.tree = ChainRadixCache(self.config.page_size)
         return self.client
 
     def app(self):
@@ -493,12 +443,18 @@ class SimServer:
             prefix_hint = int(request.headers.get("X-Loadgen-Prefix-Tokens", "0"))
         except ValueError:
             prefix_hint = 0
-        if self.flavor == "sglang":
-            prefix_key, prefix_tokens, stream_id = self.mapper.map_tokens(token_ids, prefix_hint, max_tokens)
+        placement: Optional[Placement] = None
+        chain = None
+        if self._matcher is not None:
+            placement = self._matcher.place(token_ids, prefix_hint)
+            prefix, stream = placement.prefix, placement.stream
+        elif self._tokens is not None:
+            chain = self._tokens.place(token_ids)
+            prefix, stream = None, engine.stream(chain, 0)
         else:
             prefix_key, prefix_tokens, stream_id = self.mapper.map(token_ids, prefix_hint)
-        prefix = engine.prefix_stream(prefix_key, prefix_tokens) if prefix_key is not None else None
-        stream = engine.stream(("stream", stream_id), prefix_tokens)
+            prefix = engine.prefix_stream(prefix_key, prefix_tokens) if prefix_key is not None else None
+            stream = engine.stream(("stream", stream_id), prefix_tokens)
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         first = loop.create_future()
@@ -517,8 +473,10 @@ class SimServer:
 
         def record() -> None:
             # the stream now holds prompt + output (the last output token never enters KV)
-            if self.flavor == "sglang":
-                self.mapper.record_tokens(stream_id, token_ids + output_ids[:-1])
+            if placement is not None:
+                self._matcher.finished(placement, token_ids + output_ids[:-1])
+            elif chain is not None:
+                self._tokens.finished(chain, token_ids + output_ids[:-1])
             else:
                 self.mapper.record(stream_id, self.mapper.chained_hashes(token_ids + output_ids[:-1]))
 
@@ -575,7 +533,10 @@ class SimServer:
                 if sim_req.finish_s is None:  # (``done`` is cancelled with the handler)
                     engine.abort(sim_req, client.clock.now())
                     client._rearm()
-                self.mapper.aborted(stream_id, self.mapper.chained_hashes(token_ids))
+                if placement is not None:
+                    self._matcher.finished(placement, token_ids)
+                else:
+                    self.mapper.aborted(stream_id, self.mapper.chained_hashes(token_ids))
 
     async def _serve_native(self, request, body: dict, request_id: str, req: SimRequest, ids: list[int],
                             first, finished):

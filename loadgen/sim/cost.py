@@ -37,6 +37,9 @@ class StepCostModel:
     b_s_per_token2: float = 3e-9
     g_s_per_token: float = 50e-9
     name: str = "custom"
+    # the spread of one step: each step's time is multiplied by exp(N(0, sigma^2)) drawn from the
+    # run's own jitter stream (loadgen calibrate measures it); 0 is the deterministic model
+    step_jitter_sigma: float = 0.0
 
     def step_time(self, num_tokens: int, attention_tokens2: float, decode_context_tokens: float) -> float:
         return (
@@ -52,7 +55,10 @@ class StepCostModel:
         return sum(c * f for c, f in zip(coef, measurement.features()))
 
     def to_json(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        if not self.step_jitter_sigma:  # the deterministic model reads as it always has (specs, resume)
+            del data["step_jitter_sigma"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> "StepCostModel":

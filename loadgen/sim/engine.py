@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import deque
-from typing import Hashable, Optional
+from typing import Callable, Hashable, Optional
 
 from .cost import StepCostModel
 from .kv_pool import BlockPool, Stream
@@ -40,11 +40,12 @@ from .request import FINISHED, LOADING, RUNNING, WAITING, EngineConfig, SimReque
 from .step_machine import StepMachine
 from .vllm_admission import Admission
 from .vllm_offload import OffloadScheduling
+from .vllm_stream_tree import StreamTree
 
 __all__ = ["EngineConfig", "FINISHED", "LOADING", "RUNNING", "SimEngine", "SimRequest", "WAITING"]
 
 
-class SimEngine(Admission, OffloadScheduling, StepMachine):
+class SimEngine(Admission, OffloadScheduling, StreamTree, StepMachine):
     """A vLLM v1 engine in simulated time. See the module docstring."""
 
     def __init__(self, config: EngineConfig, cost: StepCostModel) -> None:
@@ -90,6 +91,7 @@ class SimEngine(Admission, OffloadScheduling, StepMachine):
         self.external_prefix_cache_hits = 0
         self.kv_offload_bytes_gpu_to_cpu = 0
         self.kv_offload_bytes_cpu_to_gpu = 0
+        self.jitter: Optional[Callable[[], float]] = None  # per-step time multiplier (loadgen/sim/jitter.py)
 
     # ------------------------------------------------------------------ public surface
     def stream(self, key: Hashable, base_tokens: int = 0) -> Stream:
@@ -133,7 +135,9 @@ class SimEngine(Admission, OffloadScheduling, StepMachine):
         if reason is not None:
             raise ValueError(reason)
         prefix = request.prefix
-        if prefix is not None:
+        if prefix is not None and prefix.parent is not None:
+            request.segments = self._segments(request)
+        elif prefix is not None:
             if prefix.base != 0:
                 raise ValueError("a prefix stream must start at block 0")
             if prefix.num_blocks is None:
@@ -236,6 +240,8 @@ class SimEngine(Admission, OffloadScheduling, StepMachine):
 
     # ------------------------------------------------------------------ stretches
     def _stretch_bounds_now(self) -> Optional[tuple[int, Optional[float]]]:
+        if self.jitter is not None:  # every step draws its own jitter
+            return None
         if self.prefilling or not self.num_decoders or self._flush_requested or self._aborts:
             return None
         budget = self.config.max_num_batched_tokens - self.num_decoders
@@ -358,7 +364,8 @@ class SimEngine(Admission, OffloadScheduling, StepMachine):
                     completed.append(req)
                 else:
                     self.prefilling.append(req)
-        end = start_s + self.cost.step_time(num_tokens, attention, decode_ctx)
+        step_s = self.cost.step_time(num_tokens, attention, decode_ctx)
+        end = start_s + (step_s if self.jitter is None else step_s * self.jitter())
         self._inflight_end = end
         self._last_end_s = self._clock_s = end
         self._push_gap(g, end - start_s)
@@ -468,7 +475,12 @@ class SimEngine(Admission, OffloadScheduling, StepMachine):
         own.cached = own_cached
         pool.release(own)
         prefix = req.prefix
-        if prefix is not None:
+        if req.segments is not None:
+            for seg, h, builds in reversed(list(zip(req.segments, req.segment_hits, req.segment_builders))):
+                held = max(0, min(alloc, seg.base + seg.num_blocks) - seg.base)
+                pool.free_unhashed(held - (seg.cached if builds else h))
+                pool.release(seg)
+        elif prefix is not None:
             held = min(alloc, base)
             if req.is_builder:
                 pool.free_unhashed(held - prefix.cached)

@@ -28,12 +28,15 @@ from typing import Hashable, Optional
 class Stream:
     """An append-only token stream whose full blocks can be cached."""
 
-    __slots__ = ("key", "base", "cached", "ref_cnt", "entry", "num_blocks")
+    __slots__ = ("key", "base", "cached", "ref_cnt", "entry", "num_blocks", "parent")
 
     def __init__(self, key: Hashable, base: int, num_blocks: Optional[int] = None) -> None:
         self.key = key
         self.base = base  # first absolute block position this stream owns
         self.num_blocks = num_blocks  # a shared prefix's fixed length in blocks (None: append-only)
+        # a tree of streams: this stream's blocks follow ``parent``'s (which ends at ``base``);
+        # None for the engine's own two-level streams (a prefix at 0, a session after it)
+        self.parent: Optional["Stream"] = None
         self.cached = 0  # positions [base, base + cached) hold this stream's hashes
         self.ref_cnt = 0  # requests holding these blocks (then they are not in the free queue)
         self.entry: Optional[list] = None  # its free-queue entry while unreferenced
@@ -115,6 +118,29 @@ class BlockPool:
                 if owner is not None:
                     owner.cached -= count
                 count = 0
+
+    def split(self, stream: Stream, num_blocks: int, head: Stream) -> None:
+        """Cut ``stream`` after its first ``num_blocks`` blocks: ``head`` (new, empty) takes them over
+        and becomes its parent; ``stream`` keeps the rest. Idle cached blocks stay where they are
+        in eviction order (the top ones, evicted first, still ``stream``'s); a held stream's holders
+        hold both."""
+        head.ref_cnt = stream.ref_cnt
+        head.base, head.num_blocks, head.parent = stream.base, num_blocks, stream.parent
+        stream.parent = head
+        stream.base += num_blocks
+        if stream.num_blocks is not None:
+            stream.num_blocks -= num_blocks
+        moved = min(stream.cached, num_blocks)
+        head.cached, stream.cached = moved, stream.cached - moved
+        entry = stream.entry
+        if entry is None or not moved:
+            return
+        if not stream.cached:
+            entry[0], head.entry, stream.entry = head, entry, None
+            return
+        entry[1] = stream.cached
+        head.entry = [head, moved]
+        self.queue.insert(self.queue.index(entry) + 1, head.entry)
 
     def reset(self, streams) -> None:
         """Drop every cached hash (vLLM reset_prefix_cache, which needs every block unreferenced)."""

@@ -66,6 +66,8 @@ class Node:
 class RadixCache:
     """The tree and its token accounting (``evictable_size`` and ``protected_size`` as SGLang's)."""
 
+    node_class = Node  # what insert and split make (loadgen/sim/radix_chains.py names tokens otherwise)
+
     def __init__(self, page_size: int = 1) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
@@ -150,20 +152,24 @@ class RadixCache:
                 node = self._split(child, n)
                 break  # the rest of the key differs from the rest of the child
             node = child
-        existing = pos
         if pos < key_len:
-            new = Node(node, pos, key_len - pos, pid if pos < plen else None, plen if pos < plen else 0,
-                       own if key_len > plen else None, stamp, next(self._ids))
-            node.children[new.key] = new
-            self.num_nodes += 1
-            self.evictable_size += new.length
-            self._maybe_push(new)
-        return existing
+            self._add_leaf(node, pos, pid, plen, own, key_len, stamp)
+        return pos
+
+    def _add_leaf(self, node: Node, pos: int, pid: Hashable, plen: int, own: Hashable, key_len: int,
+                  stamp: int) -> None:
+        """The unmatched rest ``[pos, key_len)`` of a key, as one new leaf under ``node``."""
+        new = self.node_class(node, pos, key_len - pos, pid if pos < plen else None, plen if pos < plen else 0,
+                              own if key_len > plen else None, stamp, next(self._ids))
+        node.children[new.key] = new
+        self.num_nodes += 1
+        self.evictable_size += new.length
+        self._maybe_push(new)
 
     def _split(self, child: Node, n: int) -> Node:
         """SGLang's _split_node: a new node for the first ``n`` tokens of ``child``, above it."""
         parent = child.parent
-        top = Node(parent, child.start, n, child.pid, child.plen,
+        top = self.node_class(parent, child.start, n, child.pid, child.plen,
                    child.own if child.start + n > child.plen else None, child.access, next(self._ids))
         top.lock_ref = child.lock_ref
         del parent.children[child.key]

@@ -41,6 +41,7 @@ class SimRequest:
         "state", "num_tokens", "num_computed", "generated", "alloc_blocks", "admit_seq",
         "is_decoder", "g0", "nc0", "gen0", "residue", "is_builder", "prefix_hit_blocks",
         "last_token_s", "max_token_gap_s", "store_from", "load_start", "load_blocks", "load_done_s", "loaded",
+        "segments", "segment_hits", "segment_builders",
     )
 
     def __init__(self, request_id: Hashable, stream: Stream, num_prompt_tokens: int, max_tokens: int,
@@ -80,6 +81,12 @@ class SimRequest:
         self.load_start = self.load_blocks = 0
         self.load_done_s = math.nan
         self.loaded = False
+        # a prefix in a tree of streams (prefix.parent set, loadgen/sim/vllm_stream_tree.py): the
+        # chain of streams from block 0 to the own stream, the blocks hit in each and which ones
+        # this request builds
+        self.segments: Optional[tuple] = None
+        self.segment_hits: list = []
+        self.segment_builders: list = []
 
     @property
     def mean_token_gap_s(self) -> float:

@@ -45,7 +45,7 @@ import bisect
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Hashable, Optional
+from typing import Callable, Hashable, Optional
 
 from .cost import StepCostModel
 from .kv_pool import Stream
@@ -164,6 +164,7 @@ class SGLangEngine(PrefillAdding, StepMachine):
         # counters: sglang:prompt_tokens_total / cached_tokens_total move when a request finishes
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        self.jitter: Optional[Callable[[], float]] = None  # per-step time multiplier (loadgen/sim/jitter.py)
         self.num_preemptions = 0  # retractions
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -306,6 +307,8 @@ class SGLangEngine(PrefillAdding, StepMachine):
 
     # ------------------------------------------------------------------ decode stretches
     def _stretch_bounds_now(self) -> Optional[tuple[int, Optional[float]]]:
+        if self.jitter is not None:  # every step draws its own jitter
+            return None
         if self.running and self.chunked is None and not self._shrunk and (not self.waiting or self.batch_is_full):
             return self._max_stretch(), None
         return None
@@ -321,6 +324,9 @@ class SGLangEngine(PrefillAdding, StepMachine):
         n = len(self.running)
         self.available -= n * num_steps
         alpha, beta = coeffs or self._stretch_coeffs()
+        if self.jitter is not None:  # one step at a time then (no stretches)
+            f = self.jitter()
+            alpha, beta = alpha * f, beta * f
         end = start_s + alpha * num_steps + beta * num_steps * (num_steps - 1)
         first_end = start_s + alpha
         d = self.decode_index
@@ -450,7 +456,8 @@ class SGLangEngine(PrefillAdding, StepMachine):
             r.kv_len = r.prefix_len + extend
             r.already_computed = r.kv_len
             attention += extend * (r.prefix_len + extend / 2)
-        end = start_s + self.cost.step_time(total, attention, 0.0)
+        step_s = self.cost.step_time(total, attention, 0.0)
+        end = start_s + (step_s if self.jitter is None else step_s * self.jitter())
         self._inflight_end = end
         self.num_steps += 1
         chunk_left = None

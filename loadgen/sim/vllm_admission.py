@@ -27,12 +27,20 @@ class Admission:
         prefix = req.prefix
         hit_prefix = hit_own = 0
         if self.caching:
-            if prefix is not None:
+            if req.segments is not None:
+                hits, whole = _segment_hits(req.segments, cap)
+                req.segment_hits = hits
+                hit_prefix = sum(hits)
+                if whole:
+                    hit_own = min(own.cached, cap - own.base)
+            elif prefix is not None:
                 hit_prefix = min(prefix.cached, own.base, cap)
                 if hit_prefix == own.base:
                     hit_own = min(own.cached, cap - own.base)
             else:
                 hit_own = min(own.cached, cap)
+        elif req.segments is not None:
+            req.segment_hits = [0] * len(req.segments)
         hit_tokens = (hit_prefix + hit_own) * bs
         n = min(num_tokens - hit_tokens, budget)
         if self.config.reserve_full_prompt:
@@ -41,7 +49,9 @@ class Admission:
             total = -(-(hit_tokens + n) // bs)
         need = total - hit_prefix - hit_own
         evictable = hit_own if own.ref_cnt == 0 else 0
-        if prefix is not None and prefix.ref_cnt == 0:
+        if req.segments is not None:
+            evictable += sum(h for seg, h in zip(req.segments, req.segment_hits) if seg.ref_cnt == 0)
+        elif prefix is not None and prefix.ref_cnt == 0:
             evictable += hit_prefix
         if need + evictable > self.pool.num_free:
             return None
@@ -54,7 +64,12 @@ class Admission:
         if own.ref_cnt:
             raise RuntimeError(f"stream {own.key!r} already has a request in the engine")
         prefix = req.prefix
-        if prefix is not None:
+        if req.segments is not None:
+            req.segment_builders = [self.caching and seg.ref_cnt == 0 for seg in req.segments]
+            req.is_builder = any(req.segment_builders)
+            for seg, h in zip(req.segments, req.segment_hits):
+                self.pool.acquire(seg, h)
+        elif prefix is not None:
             req.is_builder = self.caching and prefix.ref_cnt == 0
             req.prefix_hit_blocks = hit_prefix
             self.pool.acquire(prefix, hit_prefix)
@@ -76,8 +91,26 @@ class Admission:
     def _computed(self, req: SimRequest, num_computed: int) -> None:
         """Blocks are cached as soon as their tokens are scheduled (vLLM cache_blocks)."""
         req.num_computed = num_computed
-        if req.is_builder:
+        if req.is_builder and req.segments is not None:
+            done = num_computed // self.block_size
+            for seg, builds in zip(req.segments, req.segment_builders):
+                full = min(done, seg.base + seg.num_blocks) - seg.base
+                if builds and full > seg.cached:
+                    seg.cached = full
+        elif req.is_builder:
             prefix = req.prefix
             full = min(num_computed // self.block_size, req.stream.base)
             if full > prefix.cached:
                 prefix.cached = full
+
+
+def _segment_hits(segments: tuple, cap: int) -> tuple[list, bool]:
+    """Blocks hit in each stream of a prefix chain (the lookup stops at the first miss, at most
+    ``cap`` blocks), and whether the whole chain hit."""
+    hits = []
+    whole = True
+    for seg in segments:
+        h = max(0, min(seg.cached, seg.num_blocks, cap - seg.base)) if whole else 0
+        hits.append(h)
+        whole = h == seg.num_blocks
+    return hits, whole

@@ -1,49 +1,128 @@
-"""``loadgen calibrate`` recovers a known step-cost model from a serve-sim that runs it."""
+"""``loadgen calibrate`` against a serve-sim that runs a known step-cost model: it recovers the
+model within the intervals it reports, twice in a row on the same warm server, measures cold rows
+as cold, and its ``--check`` passes the true model and fails one with any coefficient 30% off."""
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
 
-from loadgen.live.calibrate import CalibrationPlan, calibrate, check_cost_model
+from loadgen.cli import main
 from loadgen.core.clock import WallClock
+from loadgen.live.calibrate import CalibrationPlan, CalibrationRow, calibrate
+from loadgen.live.calibration_stats import COEFFICIENTS, check_rows
 from loadgen.live.http_client import EndpointOptions, OpenAIEngineClient
 from loadgen.sim.cost import StepCostModel
 
-# slow enough per step that timer jitter on a busy 2-core machine stays small beside it
-TRUTH = StepCostModel(t0_s=0.02, a_s_per_token=100e-6, b_s_per_token2=10e-9, g_s_per_token=400e-9, name="truth")
-PLAN = CalibrationPlan(cold_contexts=(16, 500, 1500, 3000, 6000), incremental=((1000, 500), (5000, 250)),
-                       decode=((1, 500), (4, 2000), (8, 1000)), decode_tokens=12, queues=((6, 800, 1024),),
-                       queue_output_tokens=4, repeats=2, chunk_tokens=2048)
+# Slow enough per step that timer jitter on a busy 2-core machine stays small beside it, and
+# every coefficient carries most of some row's time (t0: one-token steps; a: a mid-length
+# prefill; b: 1000 new tokens on 16000 cached; g: eight decodes at 4000 tokens), so that any
+# one of them 30% off moves that row by more than the check's 10% bound.
+TRUTH = StepCostModel(t0_s=0.02, a_s_per_token=60e-6, b_s_per_token2=10e-9, g_s_per_token=2e-6, name="truth")
+PLAN = CalibrationPlan(cold_contexts=(16, 1500, 3000, 6000), incremental=((1000, 500), (16000, 1000)),
+                       decode=((1, 500), (4, 2000), (8, 4000)), decode_tokens=16, queues=((6, 800, 1024),),
+                       queue_output_tokens=4, repeats=3, chunk_tokens=2048)
 
 
-def test_calibration_recovers_the_constants_of_the_engine_it_measures(tmp_path, serve_sim_factory):
-    cost_file = tmp_path / "truth.json"
-    cost_file.write_text(json.dumps(TRUTH.to_json()))
-    server = serve_sim_factory(1.0, "--cost-model", str(cost_file), "--max-num-batched-tokens", "2048")
+@pytest.fixture(scope="module")
+def two_calibrations(tmp_path_factory):
+    """Two back-to-back CLI calibrations of one serve-sim (the second on a warm server), the
+    second with --check TRUTH: (fit.json of each, exit codes)."""
+    from tests.live.conftest import ServeSim
+
+    tmp = tmp_path_factory.mktemp("calibrate")
+    truth = tmp / "truth.json"
+    truth.write_text(json.dumps(TRUTH.to_json()))
+    server = ServeSim(1.0, "--cost-model", str(truth), "--max-num-batched-tokens", "2048")
+    try:
+        fits, codes = [], []
+        for k in range(2):
+            out = tmp / f"cost{k}.json"
+            # --force: the intervals are what the tests below judge, against the true model
+            argv = ["calibrate", "--endpoint", server.url, "--out", str(out), "--max-num-batched-tokens", "2048",
+                    "--force"]
+            with pytest.MonkeyPatch.context() as mp:  # the short plan above instead of the default one
+                mp.setattr("loadgen.live.calibrate.CalibrationPlan",
+                           lambda repeats, chunk_tokens: PLAN)
+                codes.append(main(argv + (["--check", str(truth)] if k else [])))
+            fits.append(json.loads(out.with_suffix(".fit.json").read_text()))
+    finally:
+        server.kill()
+    return fits, codes
+
+
+def test_two_calibrations_agree_within_their_intervals_and_hold_the_true_model(two_calibrations):
+    fits, codes = two_calibrations
+    assert codes == [0, 0], [f.get("check", {}).get("failures") for f in fits]  # the second's --check passes
+    first, second = (f["identification"]["intervals"] for f in fits)
+    for c in COEFFICIENTS:
+        truth = getattr(TRUTH, c)
+        for intervals in (first, second):
+            assert intervals[c]["low"] <= truth <= intervals[c]["high"], (c, intervals[c], fits[0]["warnings"],
+                                                                          fits[1]["warnings"])
+        assert first[c]["low"] <= second[c]["high"] and second[c]["low"] <= first[c]["high"]
+    assert fits[0]["seed"] != fits[1]["seed"]  # fresh prompts each time, recorded
+    assert fits[1]["check"]["passed"] and set(fits[1]["check"]["classes"]) == {"cold", "incremental", "decode",
+                                                                              "queue"}
+
+
+def test_a_second_calibration_on_a_warm_server_measures_cold_rows_as_cold(two_calibrations):
+    fits, _ = two_calibrations
+    second = fits[1]
+    assert second["prefix_cache"] == "reset" and second["remeasured"] == []
+    hits = {r["label"] for r in second["rows"]}
+    # incremental and queue rows hit the prefix sent just before them, in whole 16-token blocks
+    assert "500 new on 1000 cached (hit 992)" in hits and "queue of 6: 800 new on 1024 cached (hit 1024), 4 out" in hits
+
+
+@pytest.mark.parametrize("coefficient", COEFFICIENTS)
+@pytest.mark.parametrize("factor", (1.3, 0.7))
+def test_check_fails_a_model_with_one_coefficient_30_percent_off(two_calibrations, coefficient, factor):
+    rows = [CalibrationRow.from_json(r) for r in two_calibrations[0][1]["rows"]]
+    overhead = two_calibrations[0][1]["request_overhead_s"]
+    assert check_rows(TRUTH, rows, overhead, tolerance=0.1).passed
+    off = dataclasses.replace(TRUTH, **{coefficient: getattr(TRUTH, coefficient) * factor})
+    check = check_rows(off, rows, overhead, tolerance=0.1)
+    assert not check.passed, check.table()
+
+
+def test_a_calibration_that_finds_its_prompts_cached_measures_them_again(serve_sim_factory):
+    """Without a cache reset and with the same seed as a calibration just before, every cold
+    prompt is found cached: the server's own counts say so, and the rows are measured again."""
+    server = serve_sim_factory(30.0, "--cost-model", "qwen3-8b-mi300x")
+    plan = CalibrationPlan(cold_contexts=(16, 600), incremental=((512, 64),), decode=(),
+                           queues=((3, 64, 256),), queue_output_tokens=2, repeats=1, chunk_tokens=8192)
 
     async def go():
         client = OpenAIEngineClient(WallClock(), EndpointOptions(url=server.url))
         try:
-            return await calibrate(client, PLAN, name="measured")
+            first = await calibrate(client, plan, name="a", seed=7, time_scale=30.0)
+            second = await calibrate(client, plan, name="b", seed=7, time_scale=30.0, reset_cache=False)
         finally:
             await client.close()
+        return first, second
 
-    result = asyncio.run(go())
-    fitted = result.fit.model
-    assert result.pool_tokens == 400_000 and result.block_size == 16
-    assert fitted.t0_s == pytest.approx(TRUTH.t0_s, rel=0.25)
-    assert fitted.a_s_per_token == pytest.approx(TRUTH.a_s_per_token, rel=0.25)
-    assert fitted.b_s_per_token2 == pytest.approx(TRUTH.b_s_per_token2, rel=0.35)
-    assert fitted.g_s_per_token == pytest.approx(TRUTH.g_s_per_token, rel=0.35)
-    assert result.fit.max_abs_relative_residual < 0.25
-    # the queue row replays the scheduler's mixed steps: the engine's own constants predict it
-    queue_row = next(r for r in result.fit.rows if r["label"].startswith("queue of 6"))
-    assert abs(queue_row["relative_residual"]) < 0.1
+    first, second = asyncio.run(go())
+    assert first.remeasures == [] and first.cache_reset == "reset"
+    assert second.cache_reset == "not asked"
+    assert any("cold prefill 600: the server reports 592 cached tokens" in r for r in second.remeasures)
+    # measured again with fresh prompts: the rows it kept are cold
+    assert [r.measurement.label for r in second.rows] == [r.measurement.label for r in first.rows]
 
-    # --check: the engine's own model holds; one twice as fast as the engine is caught
-    assert check_cost_model(TRUTH, result.measurements, result.fit.request_overhead_s).median_ratio == \
-        pytest.approx(1.0, abs=0.1)
-    fast = StepCostModel(TRUTH.t0_s / 2, TRUTH.a_s_per_token / 2, TRUTH.b_s_per_token2 / 2, TRUTH.g_s_per_token / 2,
-                         name="fast")
-    assert check_cost_model(fast, result.measurements, result.fit.request_overhead_s).median_ratio > 1.7
+
+def test_a_noisy_row_gets_more_repeats_for_its_median():
+    """Repeats that spread wider than 15% are followed by more, up to twice the plan's number."""
+    from loadgen.live.calibrate import Calibrator
+
+    def attempts(times):
+        it = iter(times)
+
+        async def attempt():
+            return next(it), 0, None
+        return attempt
+
+    calibrator = Calibrator(None, CalibrationPlan(repeats=3))
+    quiet = asyncio.run(calibrator._repeat("quiet", attempts([1.0, 1.01, 0.99])))
+    noisy = asyncio.run(calibrator._repeat("noisy", attempts([1.0, 2.0, 1.0, 1.0, 1.0, 1.0, 9.0])))
+    assert len(quiet) == 3 and len(noisy) == 6

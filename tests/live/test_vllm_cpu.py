@@ -216,3 +216,28 @@ def test_a_soak_past_the_servers_keep_alive_loses_no_turn_and_holds_connections_
     assert f["sockets_max"] <= f["peak_requests_in_flight"] + 1 and f["sockets_after_run"] == 0
     assert f["rss_mb_max_after_first_third"] - f["rss_mb_after_first_third"] < 32
     assert f["lag"]["driver"]["p99_s"] < SOAK_LATENESS_BOUND_S, f["lag"]
+
+
+def test_back_to_back_calibrations_of_the_real_engine_agree_within_their_intervals(vllm_url):
+    """Two calibrations a moment apart, fresh prompts and an emptied cache each: every row measures
+    what it says (the server's cached-token counts agree), and each coefficient's two bootstrap
+    intervals overlap. On a shared 2-core machine the intervals are wide (docs/cpu-vllm.md)."""
+    from loadgen.live.calibration_stats import COEFFICIENTS, identify
+
+    plan = CalibrationPlan(cold_contexts=(16, 2000, 4000, 8000), incremental=((2000, 1000), (8000, 500)),
+                           decode=((1, 1000), (8, 2000)), queues=((8, 2000, 2000),), repeats=3, chunk_tokens=2048)
+
+    async def measure(seed):
+        client = OpenAIEngineClient(WallClock(), EndpointOptions(url=vllm_url))
+        try:
+            return await calibrate(client, plan, name=f"c{seed}", seed=seed)
+        finally:
+            await client.close()
+
+    results = [asyncio.run(measure(seed)) for seed in (11, 12)]
+    for r in results:
+        assert r.cache_reset == "reset"
+        assert not any("cold" in problem for problem in r.remeasures), r.remeasures
+    first, second = (identify(r.rows, r.seed) for r in results)
+    for c in COEFFICIENTS:
+        assert first.low[c] <= second.high[c] and second.low[c] <= first.high[c], (c, first.table(), second.table())

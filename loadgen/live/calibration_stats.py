@@ -1,0 +1,195 @@
+"""What a calibration can stand behind: intervals on its coefficients, its noise, and a check
+that judges a cost model class by class against that noise.
+
+* ``identify``: bootstrap intervals per coefficient (rows resampled within their class, and
+  each row's repeats resampled, then the fit redone), the condition number of the fit's scaled
+  design, and which coefficients the rows do not pin down (an interval wider than the value);
+* ``step_jitter``: the spread of one step, from the repeats of one-step rows;
+* ``check_rows``: a cost model's predictions of every measured row, judged per class (cold,
+  incremental, decode, queue) against each row's own spread, and the cold-turn cost at the
+  workload's typical context, the quantity a collapse turns on.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field, replace
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..core.workload import Stream, rng_for
+from ..sim.cost import StepCostModel, fit_cost_model, prefill
+
+COEFFICIENTS = ("t0_s", "a_s_per_token", "b_s_per_token2", "g_s_per_token")
+KINDS = ("cold", "incremental", "decode", "queue")
+# a row's bound in --check: this many times its repeats' spread (and never below --tolerance)
+SPREAD_FACTOR = 3.0
+
+
+@dataclass
+class Identification:
+    """Bootstrap intervals (``level``) per coefficient, request overhead included."""
+
+    value: dict
+    low: dict
+    high: dict
+    condition_number: float
+    level: float = 0.95
+    num_resamples: int = 0
+
+    def unidentified(self) -> list[str]:
+        """Coefficients whose interval is wider than the value itself."""
+        return [c for c in COEFFICIENTS if self.high[c] - self.low[c] > self.value[c]]
+
+    def to_json(self) -> dict:
+        return {"level": self.level, "num_resamples": self.num_resamples, "condition_number": self.condition_number,
+                "intervals": {c: {"value": self.value[c], "low": self.low[c],
+                                  "high": self.high[c] if math.isfinite(self.high[c]) else None}
+                              for c in self.value},
+                "unidentified": self.unidentified()}
+
+    def table(self) -> str:
+        units = {"t0_s": (1e3, "ms"), "a_s_per_token": (1e6, "us/token"), "b_s_per_token2": (1e9, "ns/token^2"),
+                 "g_s_per_token": (1e9, "ns/token"), "request_overhead_s": (1e3, "ms")}
+        lines = [f"{100 * self.level:.0f}% bootstrap intervals ({self.num_resamples} resamples), "
+                 f"condition number {self.condition_number:.3g}:"]
+        for c in self.value:
+            k, unit = units[c]
+            flag = "  NOT PINNED DOWN (interval wider than the value)" if c in self.unidentified() else ""
+            lines.append(f"  {c:20s} {self.value[c] * k:10.4g} {unit:11s} [{self.low[c] * k:.4g}, "
+                         f"{self.high[c] * k:.4g}]{flag}")
+        return "\n".join(lines)
+
+
+def _coefs(fit) -> dict:
+    m = fit.model
+    return {"t0_s": m.t0_s, "a_s_per_token": m.a_s_per_token, "b_s_per_token2": m.b_s_per_token2,
+            "g_s_per_token": m.g_s_per_token, "request_overhead_s": fit.request_overhead_s}
+
+
+def condition_number(measurements: Sequence) -> float:
+    """Of the design the fit solves (features scaled per column, rows by their time): how much
+    the rows' noise is amplified into the coefficients."""
+    X = np.array([m.features() + [m.num_requests] for m in measurements], dtype=float)
+    y = np.array([m.seconds for m in measurements], dtype=float)
+    X = X[:, np.any(X != 0, axis=0)]  # a feature no row has (no request overhead) is no direction
+    return float(np.linalg.cond((X / X.max(axis=0)) / y[:, None]))
+
+
+def identify(rows: Sequence, seed: int, num_resamples: int = 200, level: float = 0.95) -> Identification:
+    """Bootstrap the fit: resample rows within each class and each row's repeats (its median
+    taken again), refit, and take the central ``level`` of each coefficient."""
+    rng = rng_for(Stream.CALIBRATION_BOOTSTRAP, seed)
+    measurements = [r.measurement for r in rows]
+    value = _coefs(fit_cost_model(measurements, fit_request_overhead=True))
+    by_kind: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_kind.setdefault(r.kind, []).append(i)
+    draws = {c: [] for c in value}
+    for _ in range(num_resamples):
+        sample = []
+        for members in by_kind.values():
+            for i in rng.choice(members, size=len(members), replace=True):
+                repeats = rng.choice(rows[i].samples, size=len(rows[i].samples), replace=True)
+                sample.append(replace(measurements[i], seconds=float(np.median(repeats))))
+        for c, v in _coefs(fit_cost_model(sample, fit_request_overhead=True)).items():
+            draws[c].append(v)
+    tail = 100 * (1 - level) / 2
+    low = {c: float(np.percentile(d, tail)) for c, d in draws.items()}
+    high = {c: float(np.percentile(d, 100 - tail)) for c, d in draws.items()}
+    for c, column in zip(value, zip(*(m.features() + [m.num_requests] for m in measurements))):
+        if not any(column):  # no row exercises it: the fit's 0 says nothing
+            low[c], high[c] = 0.0, math.inf
+    return Identification(value, low, high, condition_number(measurements), level, num_resamples)
+
+
+def step_jitter(rows: Sequence, chunk_tokens: int) -> float:
+    """The spread of one engine step as the standard deviation of log time across repeats,
+    pooled over the rows that are one step each (cold prefills within one chunk): the
+    multiplicative noise a twin draws per step (``StepCostModel.step_jitter_sigma``). The
+    request's own round trip is inside these times, so this errs on the noisy side."""
+    variances = [statistics.variance([math.log(s) for s in r.samples]) for r in rows
+                 if r.kind == "cold" and r.measurement.num_steps == 1 and len(r.samples) > 1
+                 and min(r.samples) > 0 and r.measurement.num_tokens <= chunk_tokens]
+    return math.sqrt(statistics.fmean(variances)) if variances else 0.0
+
+
+@dataclass
+class CostCheck:
+    """A cost model's predictions of measured rows, judged per class: is the twin built on it still true?"""
+
+    model_name: str
+    rows: list[dict]
+    classes: dict  # kind -> {"worst": row label, "ratio", "bound", "passed"}
+    cold_turn: Optional[dict] = None  # the cold-turn cost at the typical context, measured vs predicted
+    median_ratio: float = math.nan  # measured / predicted over every row (a summary; never the verdict)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def table(self) -> str:
+        lines = [f"checking {self.model_name}:", f"{'measurement':56s} {'class':11s} {'measured s':>10s} "
+                                                 f"{'predicted s':>11s} {'ratio':>6s} {'bound':>6s}"]
+        for r in self.rows:
+            lines.append(f"{r['label'][:56]:56s} {r['kind']:11s} {r['measured_s']:10.4f} {r['predicted_s']:11.4f} "
+                         f"{r['ratio']:6.2f} {r['bound']:6.2f}{'' if r['passed'] else '  <-- off'}")
+        for kind, c in self.classes.items():
+            lines.append(f"{kind:11s} worst ratio {c['ratio']:.2f} (bound +-{c['bound']:.2f}): "
+                         f"{'ok' if c['passed'] else 'FAILS'}")
+        if self.cold_turn:
+            t = self.cold_turn
+            lines.append(f"cold turn at {t['context_tokens']} tokens: measured {t['measured_s'] * 1e3:.1f} ms, "
+                         f"predicted {t['predicted_s'] * 1e3:.1f} ms, ratio {t['ratio']:.2f} "
+                         f"(bound +-{t['bound']:.2f}): {'ok' if t['passed'] else 'FAILS'}")
+        lines.append(f"median ratio {self.median_ratio:.2f} over all rows (measured / predicted; a summary, "
+                     "not the verdict)")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"model": self.model_name, "passed": self.passed, "failures": self.failures, "classes": self.classes,
+                "cold_turn": self.cold_turn, "median_ratio": self.median_ratio, "rows": self.rows}
+
+
+def check_rows(model: StepCostModel, rows: Sequence, request_overhead_s: float, tolerance: float,
+               typical_context: Optional[int] = None, chunk_tokens: int = 8192) -> CostCheck:
+    """Predict every row with ``model`` (request round trips charged what this calibration
+    measured them at, so only the engine's steps are judged). A row is off when
+    |measured / predicted - 1| exceeds its bound, max(``tolerance``, SPREAD_FACTOR x its repeats'
+    spread); a class fails when any of its rows is off, so a coefficient that only a few rows
+    feel (decode's t0 and g, the attention term at long contexts) cannot hide behind the others."""
+    out, classes, failures = [], {}, []
+    for r in rows:
+        m = r.measurement
+        predicted = model.predict(m) + request_overhead_s * m.num_requests
+        ratio = m.seconds / predicted if predicted > 0 else math.inf
+        bound = max(tolerance, SPREAD_FACTOR * r.spread)
+        out.append({"label": m.label, "kind": r.kind, "measured_s": m.seconds, "predicted_s": predicted,
+                    "ratio": ratio, "bound": bound, "spread": r.spread, "passed": abs(ratio - 1) <= bound})
+    for kind in KINDS:
+        members = [x for x in out if x["kind"] == kind]
+        if not members:
+            continue
+        worst = max(members, key=lambda x: abs(x["ratio"] - 1) / x["bound"])
+        passed = all(x["passed"] for x in members)
+        classes[kind] = {"worst": worst["label"], "ratio": worst["ratio"], "bound": worst["bound"], "passed": passed}
+        if not passed:
+            failures.append(f"{kind} rows: {worst['label']} runs {worst['ratio']:.2f}x the predicted time "
+                            f"(bound +-{worst['bound']:.2f})")
+    cold_turn = None
+    cold = [(r, x) for r, x in zip(rows, out) if r.kind == "cold"]
+    if cold:
+        target = typical_context or int(statistics.median(r.measurement.num_tokens for r, _ in cold))
+        r, x = min(cold, key=lambda rx: abs(rx[0].measurement.num_tokens - target))
+        context = int(r.measurement.num_tokens)
+        predicted = model.predict(prefill("", 0.0, context, chunk_tokens=chunk_tokens)) + request_overhead_s
+        ratio = r.measurement.seconds / predicted if predicted > 0 else math.inf
+        cold_turn = {"context_tokens": context, "measured_s": r.measurement.seconds, "predicted_s": predicted,
+                     "ratio": ratio, "bound": x["bound"], "passed": abs(ratio - 1) <= x["bound"]}
+        if not cold_turn["passed"]:
+            failures.append(f"the cold turn at {context} tokens runs {ratio:.2f}x the predicted time")
+    median = statistics.median(x["ratio"] for x in out) if out else math.nan
+    return CostCheck(model.name, out, classes, cold_turn, median, failures)
