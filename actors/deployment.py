@@ -23,25 +23,26 @@ __all__ = ["REPLICA_HEADER", "first_exit", "router_info", "router_note"]
 
 
 def router_info(engine: LaunchedEngineSpec) -> dict:
-    """run.json's ``router`` of a deployment: the policy the spec asked for and the gateway chooser
-    that routes. The gateway routes by the policies it has (loadgen/gateway/upstream_choice.py);
-    for any other, or one with knobs it cannot take, it routes by sticky-hash (every request of a
-    session to one replica) and ``note`` says so: the run is not the policy's."""
-    asked = engine.router.policy if engine.router is not None else None
-    exact = asked is not None and asked in CHOOSERS and not engine.router.knobs
-    routed_by = asked if exact else FALLBACK_CHOOSER
-    info = {"policy": asked, "knobs": engine.router.knobs if engine.router is not None else {},
-            "routed_by": routed_by, "note": None}
-    if asked is not None and not exact:
-        info["note"] = (f"the gateway cannot route by {asked!r} yet: sessions were routed by {FALLBACK_CHOOSER} "
-                        "(each session's requests to one replica, by a hash of its session id)")
+    """run.json's fields of a deployment: ``router``, the gateway chooser that routed (as a
+    simulated deployment's ``router`` names its policy), the ``router_spec`` asked for, and a
+    ``router_note`` when they differ. The gateway routes by the policies it has
+    (loadgen/gateway/upstream_choice.py); for any other, or one with knobs it cannot take, it
+    routes by sticky-hash (every request of a session to one replica): the run is not the policy's."""
+    spec = engine.router
+    exact = spec is not None and spec.policy in CHOOSERS and not spec.knobs
+    info = {"router": spec.policy if exact else FALLBACK_CHOOSER,
+            "router_spec": {"policy": spec.policy, **spec.knobs} if spec is not None else None, "router_note": None}
+    if spec is not None and not exact:
+        info["router_note"] = (f"the gateway cannot route by {spec.policy!r} yet: sessions were routed by "
+                               f"{FALLBACK_CHOOSER} (each session's requests to one replica, by a hash of its "
+                               "session id)")
     return info
 
 
 def router_note(engine) -> Optional[str]:
     """What a sweep says before it starts when its replicas will not be routed by the spec's policy."""
     if getattr(engine, "replicas", 1) > 1 and isinstance(engine, LaunchedEngineSpec):
-        return router_info(engine)["note"]
+        return router_info(engine)["router_note"]
     return None
 
 

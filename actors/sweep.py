@@ -311,7 +311,7 @@ class _LiveRun:
             placement={"placement_group": group.id.hex() if group is not None else None,
                        "bundle_index": self.bundles[0] if group is not None else None})
         if self.num_replicas > 1:
-            self.info.update(replicas=self.num_replicas, router=router_info(sweep.engine))
+            self.info.update(replicas=self.num_replicas, **router_info(sweep.engine))
         self.engine_actors: list = []
         self.engine_actor = None
         self.controller_actor = None
@@ -364,8 +364,7 @@ class _LiveRun:
                 # limit (engine.gateway) and routes between the replicas, naming each response's replica
                 replica_header = REPLICA_HEADER if self.num_replicas > 1 else None
                 url = await self.controller_actor.start_proxy.remote(
-                    urls, preflight["pool_tokens"], self.info["router"]["routed_by"] if self.num_replicas > 1
-                    else "sticky-hash", replica_header)
+                    urls, preflight["pool_tokens"], self.info.get("router", "sticky-hash"), replica_header)
                 self.endpoint = replace(self.endpoint, url=url, session_header=GATEWAY_SESSION_HEADER,
                                         replica_header=replica_header)
             self.prepared = True

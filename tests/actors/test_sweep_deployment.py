@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from actors.sweep import run_sweep
+from loadgen.analysis.summary import write_summary
 from loadgen.core.runner import RunKey
 from loadgen.core.spec import parse_spec
 from tests.conftest import make_spec_dict
@@ -25,8 +26,8 @@ def test_two_replicas_per_run_each_on_its_gpu_behind_the_gateway_record_their_re
     assert info["status"] == "completed", info.get("error")
     assert info["replicas"] == 2
     # the gateway has no consistent_hash yet: run.json says what routed instead
-    assert info["router"]["policy"] == "consistent_hash" and info["router"]["routed_by"] == "sticky-hash"
-    assert "cannot route by 'consistent_hash'" in info["router"]["note"]
+    assert info["router_spec"] == {"policy": "consistent_hash"} and info["router"] == "sticky-hash"
+    assert "cannot route by 'consistent_hash'" in info["router_note"]
     replicas = info["placement"]["replicas"]
     assert len({(r["node_id"], tuple(r["gpu_ids"])) for r in replicas}) == 2
     assert all(len(r["gpu_ids"]) == 1 and r["visible_devices"] == {"CUDA_VISIBLE_DEVICES": r["gpu_ids"][0]}
@@ -52,6 +53,15 @@ def test_two_replicas_per_run_each_on_its_gpu_behind_the_gateway_record_their_re
             for i in range(len(rep["t_s"])) if rep["t_s"][i] == last_t}
     # each replica served prompts, and the run's engine columns are the replicas' sum
     assert min(last.values()) > 0 and sum(last.values()) == samples["prefix_cache_queries_total"][-1]
+
+    # the summary's per-replica outcomes: turns by replica, and no miss attribution (live: unknown, not 0)
+    (entry,) = write_summary(tmp_path)["runs"]
+    per_replica = entry["replicas"]["per_replica"]
+    assert [r["turns"] for r in per_replica] == [sum(turns["replica"][i] == r for i in done) for r in (0, 1)]
+    assert sum(r["turns"] for r in per_replica) == entry["turns_completed"] == len(done)
+    assert entry["replicas"]["router"] == "sticky-hash"
+    assert entry["replicas"]["deployment"]["miss_routing_tokens"] is None
+    assert all(r["miss_eviction_tokens"] is None for r in per_replica)
 
 
 def _sweep(tmp_path, engine: dict):
