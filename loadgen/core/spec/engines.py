@@ -95,6 +95,17 @@ class RouterSpec(_Model):
         return dict(self.model_extra or {})
 
 
+def _drop_default_deployment(spec, data):
+    """One engine writes the spec it wrote before deployments existed (run.json, spec.yaml): results
+    of the same spec stay the same spec, and --resume keeps them."""
+    if isinstance(data, dict):
+        if spec.replicas == 1:
+            data.pop("replicas", None)
+        if spec.router is None:
+            data.pop("router", None)
+    return data
+
+
 class SimEngineSpec(_Model):
     kind: Literal["sim"] = "sim"
     flavor: Literal["vllm", "sglang"] = Field(
@@ -123,15 +134,7 @@ class SimEngineSpec(_Model):
 
     @model_serializer(mode="wrap")
     def _without_default_deployment(self, handler):
-        # one engine writes the spec it wrote before deployments existed (run.json, spec.yaml):
-        # results of the same spec stay the same spec, and --resume keeps them
-        data = handler(self)
-        if isinstance(data, dict):
-            if self.replicas == 1:
-                data.pop("replicas", None)
-            if self.router is None:
-                data.pop("router", None)
-        return data
+        return _drop_default_deployment(self, handler(self))
 
     @field_validator("cost_model")
     @classmethod
@@ -370,14 +373,7 @@ class LaunchedEngineSpec(_Model):
 
     @model_serializer(mode="wrap")
     def _without_default_deployment(self, handler):
-        # one engine per run writes the spec it wrote before (run.json, spec.yaml): --resume keeps it
-        data = handler(self)
-        if isinstance(data, dict):
-            if self.replicas == 1:
-                data.pop("replicas", None)
-            if self.router is None:
-                data.pop("router", None)
-        return data
+        return _drop_default_deployment(self, handler(self))
 
     @field_validator("simulator")
     @classmethod
