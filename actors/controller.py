@@ -119,7 +119,7 @@ class ControllerActor:
         self.gateway: Optional[Gateway] = None
         self.gate: Optional[GateHost] = None
         self.stopped: Optional[asyncio.Event] = None
-        self.proxy = None  # a loadgen gateway in front of the engine (engine.gateway), enforcing the limit
+        self.proxy = None  # a loadgen gateway in front of the engine(s): the limit (engine.gateway), the routing (replicas)
         self.proxy_info: Optional[dict] = None
 
     async def start_proxy(self, engine_urls: list[str], pool_tokens: int, router: str = "sticky-hash",
