@@ -119,7 +119,8 @@ class ControllerActor:
         self.gateway: Optional[Gateway] = None
         self.gate: Optional[GateHost] = None
         self.stopped: Optional[asyncio.Event] = None
-        self.proxy = None  # a loadgen gateway in front of the engine(s): the limit (engine.gateway), the routing (replicas)
+        # a loadgen gateway in front of the engine(s): the limit (engine.gateway), the routing (replicas)
+        self.proxy = None
         self.proxy_info: Optional[dict] = None
 
     async def start_proxy(self, engine_urls: list[str], pool_tokens: int, router: str = "sticky-hash",
@@ -157,7 +158,7 @@ class ControllerActor:
         ctl = self.spec.controller_for(self.arm)
         if self.proxy is not None:
             self.proxy.reset(self.clock)
-        if self.spec.engine.gateway is not None:  # the proxy's gate decides, on the run's clock; this one admits everyone
+        if self.spec.engine.gateway is not None:  # the proxy's gate decides on the run's clock; this one admits all
             ctl = ControllerSpec()
         self.gateway = Gateway(self.clock, make_policy(ctl.name, **ctl.params), self.client.pool_tokens, ctl.start_s)
         self.gate = GateHost(self.gateway)
