@@ -64,6 +64,21 @@ def test_two_replicas_per_run_each_on_its_gpu_behind_the_gateway_record_their_re
     assert all(r["miss_eviction_tokens"] is None for r in per_replica)
 
 
+def test_with_engine_gateway_the_proxy_in_front_of_the_replicas_also_enforces_the_limit(ray_local, tmp_path):
+    data = make_spec_dict(engine={"kind": "serve_sim", "replicas": 2, "gateway": {},
+                                  "simulator": {"pool_tokens": 160_000}}, time_scale=60.0, seeds=[1])
+    data["arms"][1]["controller"] = {"name": "session-cap", "params": {"k": 2, "k_hi": 2}, "start_s": 150}
+    (info,) = run_sweep(parse_spec(data), tmp_path, [RunKey("burst", 1)], num_fleets=2)
+    assert info["status"] == "completed", info.get("error")
+    assert info["router"] == "sticky-hash" and info["router_spec"] is None and info["router_note"] is None
+    assert info["gateway"]["controller"] == "session-cap" and info["gateway"]["pool_tokens"] == 2 * 160_000
+    run_dir = tmp_path / "runs" / "burst-s1"
+    samples = pq.read_table(run_dir / "samples.parquet").to_pydict()
+    assert all(limit == 2 for t, limit in zip(samples["t_s"], samples["gateway_limit"]) if t >= 150)
+    turns = pq.read_table(run_dir / "turns.parquet").to_pydict()
+    assert {r for r, e in zip(turns["replica"], turns["error"]) if e is None} == {0, 1}
+
+
 def _sweep(tmp_path, engine: dict):
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(make_spec_dict(engine=engine)))
