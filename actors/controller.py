@@ -22,6 +22,7 @@ from loadgen.core.clock import WallClock
 from loadgen.core.gateway import Gateway
 from loadgen.core.lateness import LatenessHistogram
 from loadgen.live.http_client import EndpointOptions, OpenAIEngineClient, PreflightError
+from loadgen.live.replicas import ReplicaSetClient, make_client
 from loadgen.live.runner import flush_before_run as live_flush_before_run, max_context_tokens
 from loadgen.core.runner import sample_row
 from loadgen.core.session import RunEnv, SessionCounts
@@ -105,35 +106,45 @@ class GateHost:
 
 @ray.remote(num_cpus=0)
 class ControllerActor:
-    def __init__(self, spec: ExperimentSpec, arm: str, run_id: str, endpoint: EndpointOptions) -> None:
+    def __init__(self, spec: ExperimentSpec, arm: str, run_id: str, endpoint: EndpointOptions,
+                 replica_urls: Optional[list[str]] = None) -> None:
         self.spec = spec
         self.arm = spec.arm(arm)
         self.run_id = run_id
         self.endpoint = endpoint
+        # engine.replicas > 1: every replica's /metrics, pool and cache reset (loadgen/live/replicas.py)
+        self.replica_urls = replica_urls
         self.client: Optional[OpenAIEngineClient] = None
         self.clock: Optional[WallClock] = None
         self.gateway: Optional[Gateway] = None
         self.gate: Optional[GateHost] = None
         self.stopped: Optional[asyncio.Event] = None
-        self.proxy = None  # a loadgen gateway in front of the engine (engine.gateway), enforcing the limit
+        # a loadgen gateway in front of the engine(s): the limit (engine.gateway), the routing (replicas)
+        self.proxy = None
         self.proxy_info: Optional[dict] = None
 
-    async def start_proxy(self, engine_url: str, pool_tokens: int) -> str:
-        """engine.gateway: the proxy on the engine's host (the fleets may be on other nodes), with
-        the run's limit; returns the URL the fleets send their turns to."""
+    async def start_proxy(self, engine_urls: list[str], pool_tokens: int, router: str = "sticky-hash",
+                          replica_header: Optional[str] = None) -> str:
+        """The proxy on the (first) engine's host (the fleets may be on other nodes): with
+        engine.gateway it enforces the run's limit; in front of replicas it routes between them
+        by ``router``. Returns the URL the fleets send their turns to."""
         from urllib.parse import urlsplit
 
+        from loadgen.core.spec.engines import ViaGatewaySpec
         from loadgen.gateway.in_run import start_run_gateway
 
         engine = self.spec.engine
-        host = urlsplit(engine_url).hostname
-        self.proxy = await start_run_gateway(engine.gateway, engine_url, self.spec.controller_for(self.arm),
-                                             self.spec.time_scale, engine.request_timeout_s, pool_tokens, host=host)
+        host = urlsplit(engine_urls[0]).hostname
+        # without engine.gateway the proxy only routes: the arm's limit stays with this actor's gate
+        via = engine.gateway or ViaGatewaySpec(controller={"name": "none"})
+        self.proxy = await start_run_gateway(via, engine_urls, self.spec.controller_for(self.arm),
+                                             self.spec.time_scale, engine.request_timeout_s, pool_tokens, host=host,
+                                             router=router, replica_header=replica_header)
         return f"http://{host}:{self.proxy.port}"
 
     async def preflight(self, pool_tokens: int, flush_before_run: bool) -> dict:
         """The live path's preflight against the run's engine; then a fresh prefix cache."""
-        self.client = OpenAIEngineClient(WallClock(), self.endpoint)
+        self.client = make_client(WallClock(), self.endpoint, self.replica_urls)
         result = await self.client.preflight(max_context_tokens(self.spec), pool_tokens)
         if flush_before_run:
             await live_flush_before_run(self.client)  # a failed reset fails the run, naming the flag
@@ -145,8 +156,9 @@ class ControllerActor:
         self.clock = WallClock(self.spec.time_scale, origin_epoch_s=origin_epoch_s)
         self.client.clock = self.clock
         ctl = self.spec.controller_for(self.arm)
-        if self.proxy is not None:  # the proxy's gate decides, on the run's clock; this one admits everyone
+        if self.proxy is not None:
             self.proxy.reset(self.clock)
+        if self.spec.engine.gateway is not None:  # the proxy's gate decides on the run's clock; this one admits all
             ctl = ControllerSpec()
         self.gateway = Gateway(self.clock, make_policy(ctl.name, **ctl.params), self.client.pool_tokens, ctl.start_s)
         self.gate = GateHost(self.gateway)
@@ -196,12 +208,13 @@ class ControllerActor:
             counts = merge_counts(list(reports))
             env = RunEnv(clock, self.client, self.gateway, TurnTally(counts.turns_completed), counts.sessions)
             row = sample_row(env, metrics, now)
-            if self.proxy is not None:
+            if self.spec.engine.gateway is not None:
                 from loadgen.gateway.in_run import proxy_sample
 
                 row.update(proxy_sample(self.proxy))
+            replica_rows = self.client.replica_rows(now) if isinstance(self.client, ReplicaSetClient) else []
             # awaited: the run's recorder is closed only after its last sample is in
-            await recorder.sample.remote(self.run_id, row, now)
+            await recorder.sample.remote(self.run_id, row, now, replica_rows)
             i += 1
         # the last sample is at duration_s: wait for the run's end itself
         await clock.sleep(self.spec.duration_s - clock.now())

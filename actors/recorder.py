@@ -32,15 +32,21 @@ class RecorderActor:
     def __init__(self) -> None:
         self.recorders: dict[str, RunRecorder] = {}
 
-    def open(self, run_dir: str, run_id: str, arm: str, seed: int, flush_interval_s: float) -> None:
-        self.recorders[run_id] = RunRecorder(Path(run_dir), run_id, arm, seed, flush_interval_s)
+    def open(self, run_dir: str, run_id: str, arm: str, seed: int, flush_interval_s: float,
+             replica_columns: bool = False) -> None:
+        """``replica_columns``: a run on replicas, whose turns name their replica."""
+        self.recorders[run_id] = RunRecorder(Path(run_dir), run_id, arm, seed, flush_interval_s,
+                                             replica_columns=replica_columns)
 
     def record(self, run_id: str, events: list[tuple[str, tuple]]) -> None:
         replay(self.recorders[run_id], events)
 
-    def sample(self, run_id: str, row: dict, now_s: float) -> None:
+    def sample(self, run_id: str, row: dict, now_s: float, replica_rows: tuple = ()) -> None:
+        """A sample, and each replica's at the same instant (replica_samples.parquet)."""
         recorder = self.recorders[run_id]
         recorder.sample(row)
+        for replica_row in replica_rows:
+            recorder.replica_sample(replica_row)
         recorder.maybe_flush(now_s)
 
     def close(self, run_id: str) -> int:

@@ -45,6 +45,7 @@ from loadgen.gateway.in_run import SESSION_HEADER as GATEWAY_SESSION_HEADER
 
 from .cluster import cluster_resources, num_alive_nodes
 from .controller import ControllerActor, merge_counts
+from .deployment import REPLICA_HEADER, first_exit, router_info
 from .engine import EngineActor
 from .fleet import LiveRunSettings, SessionFleet
 from .recorder import RecorderActor
@@ -234,7 +235,8 @@ class _LiveSweep:
             return {}
         pairs = pairs_of(keys)
         if not self.engine.num_gpus:
-            self.cpu_slots = _RunSlots(cpu_run_slots(max(len(p) for p in pairs), cluster_resources()))
+            engines_per_pair = max(len(p) for p in pairs) * self.engine.replicas
+            self.cpu_slots = _RunSlots(cpu_run_slots(engines_per_pair, cluster_resources()))
         # the recorder writes under out_dir, which is on this node
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.recorder = RecorderActor.options(scheduling_strategy=here).remote()
@@ -270,16 +272,17 @@ class _LiveSweep:
 
     @asynccontextmanager
     async def _room_for(self, num_runs: int) -> AsyncIterator[Optional[PlacementGroup]]:
-        """A placement group with a GPU bundle per run; Ray queues the pairs the cluster has no
-        room for yet (and an autoscaling cluster adds GPU nodes for them)."""
+        """A placement group with a GPU bundle per engine (``replicas`` per run); Ray queues the pairs
+        the cluster has no room for yet (and an autoscaling cluster adds GPU nodes for them)."""
+        num_engines = num_runs * self.engine.replicas
         if self.cpu_slots is not None:
-            await self.cpu_slots.take(num_runs)
+            await self.cpu_slots.take(num_engines)
             try:
                 yield None
             finally:
-                await self.cpu_slots.give(num_runs)
+                await self.cpu_slots.give(num_engines)
             return
-        group = placement_group([{"GPU": self.engine.num_gpus, "CPU": 0}] * num_runs, strategy="PACK")
+        group = placement_group([{"GPU": self.engine.num_gpus, "CPU": 0}] * num_engines, strategy="PACK")
         try:
             await asyncio.wait_for(group.ready(), GPU_WAIT_S)
             yield group
@@ -288,20 +291,28 @@ class _LiveSweep:
 
 
 class _LiveRun:
-    """One run of a pair: its engine and controller actors, its shard of sessions per fleet."""
+    """One run of a pair: its engine actors (``engine.replicas``, one per bundle) and controller actor,
+    its shard of sessions per fleet."""
 
-    def __init__(self, sweep: _LiveSweep, key: RunKey, group: Optional[PlacementGroup], bundle: int) -> None:
+    def __init__(self, sweep: _LiveSweep, key: RunKey, group: Optional[PlacementGroup], index: int) -> None:
         self.sweep = sweep
         self.key = key
         spec = sweep.spec
         self.arm = spec.arm(key.arm)
         self.run_dir = sweep.out_dir / "runs" / key.run_id
-        self.strategy = (PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=bundle)
-                         if group is not None else "DEFAULT")
+        self.num_replicas = sweep.engine.replicas
+        # run i of the pair has bundles i*N .. i*N+N-1, one per replica
+        self.bundles = [index * self.num_replicas + r for r in range(self.num_replicas)]
+        self.strategies = [PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=b)
+                           if group is not None else "DEFAULT" for b in self.bundles]
+        self.strategy = self.strategies[0]  # the controller (and its proxy) beside the first engine
         self.info: dict = run_info(
             spec, key, spec.engine.kind, None, status="starting", endpoint=None, time_scale=spec.time_scale,
             placement={"placement_group": group.id.hex() if group is not None else None,
-                       "bundle_index": bundle if group is not None else None})
+                       "bundle_index": self.bundles[0] if group is not None else None})
+        if self.num_replicas > 1:
+            self.info.update(replicas=self.num_replicas, **router_info(sweep.engine))
+        self.engine_actors: list = []
         self.engine_actor = None
         self.controller_actor = None
         self.endpoint: Optional[EndpointOptions] = None
@@ -316,7 +327,8 @@ class _LiveRun:
     def unplaced(self, num_runs: int) -> None:
         self._start_record()
         gpus = cluster_resources().get("GPU", 0)
-        self._fail(TimeoutError(f"no room for this pair's {num_runs} engines x {self.sweep.engine.num_gpus} GPUs "
+        self._fail(TimeoutError(f"no room for this pair's {num_runs * self.num_replicas} engines x "
+                                f"{self.sweep.engine.num_gpus} GPUs "
                                 f"after {GPU_WAIT_S:g} s (the cluster has {gpus:g} GPUs)"))
 
     async def prepare(self) -> None:
@@ -324,23 +336,37 @@ class _LiveRun:
         self._start_record()
         spec, engine = self.sweep.spec, self.sweep.engine
         try:
-            self.engine_actor = EngineActor.options(num_gpus=engine.num_gpus, scheduling_strategy=self.strategy).remote(
-                engine, spec.time_scale, self.key.run_id)
-            served = await self.engine_actor.start.remote()
-            self.info["placement"].update({k: served[k] for k in ("node_id", "node_ip", "gpu_ids", "visible_devices",
-                                                                  "pid")})
+            self.engine_actors = [
+                EngineActor.options(num_gpus=engine.num_gpus, scheduling_strategy=strategy).remote(
+                    engine, spec.time_scale, self.key.run_id) for strategy in self.strategies]
+            self.engine_actor = self.engine_actors[0]
+            every_served = await _gather_all(actor.start.remote() for actor in self.engine_actors)
+            served = every_served[0]
+            placed = ("node_id", "node_ip", "gpu_ids", "visible_devices", "pid")
+            self.info["placement"].update({k: served[k] for k in placed})
             self.info.update(endpoint=served["url"], server_command=served["command"])
+            urls = [s["url"] for s in every_served]
+            if self.num_replicas > 1:  # where each replica serves (its own bundle, GPU and server)
+                self.info["placement"]["replicas"] = [
+                    {"url": s["url"], "bundle_index": b if self.info["placement"]["bundle_index"] is not None
+                     else None, **{k: s[k] for k in placed}} for s, b in zip(every_served, self.bundles)]
             self.endpoint = EndpointOptions(url=served["url"], model=served["model"],
                                             request_timeout_s=engine.request_timeout_s,
                                             api=engine.api, tokenizer=engine.tokenizer,
                                             server="sglang" if engine.kind == "sglang" else "vllm")
             self.controller_actor = ControllerActor.options(scheduling_strategy=self.strategy).remote(
-                spec, self.key.arm, self.key.run_id, self.endpoint)
-            preflight = await self.controller_actor.preflight.remote(served["pool_tokens"], engine.flush_before_run)
+                spec, self.key.arm, self.key.run_id, self.endpoint, urls if self.num_replicas > 1 else None)
+            pool_tokens = sum(s["pool_tokens"] for s in every_served)
+            preflight = await self.controller_actor.preflight.remote(pool_tokens, engine.flush_before_run)
             self.info.update(preflight=preflight, pool_tokens=preflight["pool_tokens"])
-            if engine.gateway is not None:  # the fleets' turns go through a proxy beside the engine
-                url = await self.controller_actor.start_proxy.remote(served["url"], preflight["pool_tokens"])
-                self.endpoint = replace(self.endpoint, url=url, session_header=GATEWAY_SESSION_HEADER)
+            if engine.gateway is not None or self.num_replicas > 1:
+                # the fleets' turns go through a proxy beside the (first) engine: it enforces the
+                # limit (engine.gateway) and routes between the replicas, naming each response's replica
+                replica_header = REPLICA_HEADER if self.num_replicas > 1 else None
+                url = await self.controller_actor.start_proxy.remote(
+                    urls, preflight["pool_tokens"], self.info.get("router", "sticky-hash"), replica_header)
+                self.endpoint = replace(self.endpoint, url=url, session_header=GATEWAY_SESSION_HEADER,
+                                        replica_header=replica_header)
             self.prepared = True
         except Exception as exc:  # recorded in run.json; the sweep goes on
             self._fail(exc)
@@ -353,7 +379,7 @@ class _LiveRun:
         ran: Optional[asyncio.Future] = None
         try:
             await sweep.recorder.open.remote(str(self.run_dir), key.run_id, key.arm, key.seed,
-                                             spec.recording.flush_interval_s)
+                                             spec.recording.flush_interval_s, self.num_replicas > 1)
             recording = True
             await self.controller_actor.begin.remote(origin_epoch_s)
             retry = sweep.engine.retry
@@ -362,7 +388,7 @@ class _LiveRun:
                                        origin_epoch_s, spec.duration_s)
             plans = plan_sessions(spec, self.arm, key.seed)
             fleets = sweep.fleets
-            exited = asyncio.ensure_future(self.engine_actor.wait_exit.remote())
+            exited = asyncio.ensure_future(first_exit([actor.wait_exit.remote() for actor in self.engine_actors]))
             ran = asyncio.ensure_future(asyncio.gather(
                 self.controller_actor.run.remote(fleets, sweep.recorder),
                 *(fleet.run.remote(settings, plans[i::len(fleets)], self.controller_actor, sweep.recorder)
@@ -412,11 +438,12 @@ class _LiveRun:
 
     async def _engine_death(self, exited: asyncio.Future) -> EngineDied:
         try:
-            code = exited.result()
+            replica, code = exited.result()
         except ray.exceptions.RayError as exc:
             return EngineDied(f"the engine actor died: {type(exc).__name__}")
-        tail = await self.engine_actor.server_log_tail.remote()
-        return EngineDied(f"the engine server exited with code {code} before the run ended; log tail:\n{tail}")
+        tail = await self.engine_actors[replica].server_log_tail.remote()
+        which = f" of replica {replica}" if self.num_replicas > 1 else ""
+        return EngineDied(f"the engine server{which} exited with code {code} before the run ended; log tail:\n{tail}")
 
     async def _stop_sessions(self, ran: asyncio.Future) -> None:
         for fleet in self.sweep.fleets:
@@ -425,12 +452,12 @@ class _LiveRun:
         await asyncio.wait([ran])
 
     async def release(self) -> None:
-        if self.engine_actor is not None:
+        for actor in self.engine_actors:
             try:
-                await self.engine_actor.stop.remote()
+                await actor.stop.remote()
             except ray.exceptions.RayError:
                 pass  # the actor is already gone, and its server with it
-            ray.kill(self.engine_actor)
+            ray.kill(actor)
         if self.controller_actor is not None:
             ray.kill(self.controller_actor)
 

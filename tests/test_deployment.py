@@ -262,5 +262,6 @@ def test_the_deployment_examples_cover_every_router_and_run(tmp_path):
 def test_a_sweep_refuses_a_serve_sim_deployment_rather_than_launching_one_engine():
     data = make_spec_dict(engine={"kind": "serve_sim", "num_gpus": 0,
                                   "simulator": {"replicas": 2, "router": {"policy": "random"}}})
-    with pytest.raises(SpecError, match="engine.simulator.replicas: loadgen sweep launches one serve-sim engine"):
+    with pytest.raises(SpecError, match="engine.simulator.replicas: a launched serve-sim serves one simulated "
+                                        "engine; for N of them per run give engine.replicas"):
         parse_spec(data)

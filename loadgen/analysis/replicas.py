@@ -15,6 +15,8 @@ attribution of its missed tokens (docs/deployments.md#records). Its summary entr
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 from typing import Optional
 
@@ -43,6 +45,9 @@ def replica_outcome(run: RunData) -> dict:
     eviction = np.nan_to_num(float_column(turns, "miss_eviction_tokens"))
     home = _home_replicas(turns)
     info = run.run_json
+    # live runs (a router's replica header) cannot attribute misses: their columns are null, and
+    # a zero would read as "no routing or eviction misses"
+    attributed = turns.column("miss_routing_tokens").null_count < turns.num_rows
     per_replica = []
     for i in range(num_replicas):
         on = ok & (replica == i)
@@ -51,13 +56,17 @@ def replica_outcome(run: RunData) -> dict:
                "miss_routing_tokens": int(routing[on].sum()), "miss_eviction_tokens": int(eviction[on].sum())}
         row["miss_workload_tokens"] = row["prompt_tokens"] - row["cached_tokens"] - row["miss_routing_tokens"] \
             - row["miss_eviction_tokens"]
+        if not attributed:
+            for name in ("miss_routing_tokens", "miss_eviction_tokens", "miss_workload_tokens"):
+                row[name] = None
         row["hit_ratio"] = json_float(row["cached_tokens"] / row["prompt_tokens"]) if row["prompt_tokens"] else None
         # a replica the router never used is idle, not degraded (None)
         row["persistently_degraded"] = persistently_degraded(
             turns.filter(pa.array(replica == i)), info.get("reference_trigger_end_s"),
             float(info["duration_s"])) if row["turns"] else None
         per_replica.append(row)
-    total = {name: sum(r[name] for r in per_replica) for name in COUNTS}
+    total = {name: sum(r[name] for r in per_replica) if attributed or not name.startswith("miss_") else None
+             for name in COUNTS}
     total["hit_ratio"] = json_float(total["cached_tokens"] / total["prompt_tokens"]) if total["prompt_tokens"] else None
     return {"replicas": {"router": info.get("router"), "num_replicas": num_replicas, "per_replica": per_replica,
                          "deployment": total, **imbalance_outcome(run.run_dir, num_replicas)}}
@@ -132,10 +141,16 @@ def replica_lines(summary: dict, arms) -> list[str]:
         if not reps:
             continue
         missed = [max(r["deployment"]["prompt_tokens"] - r["deployment"]["cached_tokens"], 1) for r in reps]
+
+        def share(name: str) -> str:  # n/a: live runs, whose misses are not attributed
+            value = _mean([r["deployment"][name] / m if r["deployment"][name] is not None else None
+                           for r, m in zip(reps, missed)])
+            return "n/a" if math.isnan(value) else f"{value:.2f}"
+
         lines.append(
             f"  {arm}: {reps[0]['router']}; {_mean([sum(bool(p['persistently_degraded']) for p in r['per_replica']) for r in reps]):.1f}"
-            f"/{reps[0]['num_replicas']} degraded; routing {_mean([r['deployment']['miss_routing_tokens'] / m for r, m in zip(reps, missed)]):.2f}"
-            f" / eviction {_mean([r['deployment']['miss_eviction_tokens'] / m for r, m in zip(reps, missed)]):.2f}; "
+            f"/{reps[0]['num_replicas']} degraded; routing {share('miss_routing_tokens')}"
+            f" / eviction {share('miss_eviction_tokens')}; "
             f"imbalance {_mean([r['load_imbalance_mean'] for r in reps]):.2f}; "
             f"hottest {_mean([r['hottest_replica_share'] for r in reps]):.2f}")
     return lines

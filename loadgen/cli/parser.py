@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--no-report", action="store_true", help="skip summary, table and figures")
     sweep.add_argument("--no-figures", action="store_true", help="summary and table only")
     sweep.add_argument("--quiet", action="store_true", help="no per-run lines")
+    sweep.add_argument("--workers", type=int, help="figures drawn at once after the runs, one process each "
+                                                   "(default: one per CPU)")
     sweep.set_defaults(func=_cmd_sweep)
 
     from ..map.grid import (DEFAULT_BISECT_STEPS, DEFAULT_CONTROLLERS, DEFAULT_HORIZON_H, DEFAULT_MAX_ESCAPE_RATES,

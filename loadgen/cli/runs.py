@@ -204,6 +204,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         check_sweepable(spec)
     except SweepError as exc:
         raise SpecError(f"{args.spec}: {exc}") from None
+    from actors.deployment import router_note
+
+    if (note := router_note(spec.engine)) is not None:  # said even with --quiet: the runs are not the policy's
+        stderr_console().print(f"[yellow]engine.router: {note}[/yellow]")
     if args.workers is not None and args.workers < 1:
         raise SpecError(f"--workers must be >= 1, got {args.workers}")
     from ..core.run_pool import default_workers

@@ -58,6 +58,9 @@ class GatewayConfig(_Model):
     upstream_key_env: Optional[str] = Field(
         None, description="An environment variable with the key sent upstream (never the client's).")
     time_scale: float = Field(1.0, gt=0, description="The gateway clock runs X times faster than the wall clock.")
+    replica_header: Optional[str] = Field(
+        None, description="A response header the gateway adds naming the upstream (its index in upstreams) "
+                          "that served the request, e.g. X-Loadgen-Replica; none: responses as the upstream sent.")
 
     @field_validator("upstreams", mode="before")
     @classmethod
@@ -101,6 +104,13 @@ class GatewayConfig(_Model):
         for name in value:
             if not _HTTP_TOKEN.fullmatch(name):
                 raise ValueError(f"{name!r} is not an HTTP header name")
+        return value
+
+    @field_validator("replica_header")
+    @classmethod
+    def _replica_header(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not _HTTP_TOKEN.fullmatch(value):
+            raise ValueError(f"{value!r} is not an HTTP header name")
         return value
 
     @field_validator("router")

@@ -11,7 +11,7 @@ for a router in front of replicas (loadgen/live/replicas.py).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 from ..core.spec import ControllerSpec
 from ..core.spec.engines import ViaGatewaySpec
@@ -21,19 +21,24 @@ from .proxy import GatewayProxy, read_pool_tokens
 SESSION_HEADER = "X-Session-ID"
 
 
-async def start_run_gateway(via: ViaGatewaySpec, upstream: str, run_controller: ControllerSpec, time_scale: float,
-                            request_timeout_s: float, pool_tokens: Optional[int] = None,
+async def start_run_gateway(via: ViaGatewaySpec, upstream: Union[str, list[str]], run_controller: ControllerSpec,
+                            time_scale: float, request_timeout_s: float, pool_tokens: Optional[int] = None,
                             session_header: Optional[str] = None, host: str = "127.0.0.1",
-                            pool_urls: Optional[list[str]] = None) -> GatewayProxy:
-    """A proxy in front of ``upstream`` with the run's limit (``via.controller``, else the run's own),
-    listening on ``host`` (loopback; a sweep's engine node for fleets on other nodes) at a free port."""
+                            pool_urls: Optional[list[str]] = None, router: str = "sticky-hash",
+                            replica_header: Optional[str] = None) -> GatewayProxy:
+    """A proxy in front of ``upstream`` (one URL, or a sweep's replicas routed by ``router``, each
+    response naming its replica in ``replica_header``) with the run's limit (``via.controller``, else
+    the run's own), listening on ``host`` (loopback; a sweep's engine node for fleets on other nodes)
+    at a free port."""
     ctl = ControllerSpec.model_validate(via.controller) if via.controller is not None else run_controller
-    config = GatewayConfig(upstreams=[upstream], controller=ctl.name, controller_options=ctl.params,
+    upstreams = [upstream] if isinstance(upstream, str) else list(upstream)
+    config = GatewayConfig(upstreams=upstreams, router=router, replica_header=replica_header,
+                           controller=ctl.name, controller_options=ctl.params,
                            control_start_s=ctl.start_s, listen=f"{host}:0", pool_tokens=pool_tokens or "auto",
                            session_headers=[session_header or SESSION_HEADER], max_park_s=via.max_park_s,
                            on_max_park=via.on_max_park, idle_timeout_s=via.idle_timeout_s,
                            request_timeout_s=request_timeout_s, time_scale=time_scale)
-    pool = pool_tokens or await read_pool_tokens(pool_urls or [upstream])
+    pool = pool_tokens or await read_pool_tokens(pool_urls or upstreams)
     proxy = GatewayProxy(config, pool)
     await proxy.serve()
     return proxy

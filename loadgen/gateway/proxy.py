@@ -67,10 +67,11 @@ def usage_from_tail(tail: bytes) -> Optional[dict]:
 class Relay:
     """An upstream response on its way to the client (the upstream connection's ``Sink``)."""
 
-    __slots__ = ("client", "conn", "done", "status", "started", "event_stream", "tail")
+    __slots__ = ("client", "conn", "done", "status", "started", "event_stream", "tail", "added_headers")
 
-    def __init__(self, client: ClientConnection) -> None:
+    def __init__(self, client: ClientConnection, added_headers: tuple = ()) -> None:
         self.client = client
+        self.added_headers = added_headers  # the gateway's own (replica_header), after the upstream's
         self.conn = None
         self.done = asyncio.get_running_loop().create_future()
         self.status = 0
@@ -87,6 +88,7 @@ class Relay:
                 out.append((name, value))
                 if lower == "content-type" and "event-stream" in value:
                     self.event_stream = True
+        out.extend(self.added_headers)
         self.client.start(status, out, length)
         self.started = True
 
@@ -337,7 +339,8 @@ class GatewayProxy:
         headers = [(n, v) for n, v in req.header_list if n.lower() not in DROPPED_REQUEST_HEADERS]
         headers += self.upstream_headers
         data = self.pool.request_bytes(index, req.method, req.target, headers, req.body)
-        relay = Relay(conn)
+        replica_header = self.config.replica_header
+        relay = Relay(conn, ((replica_header, str(index)),) if replica_header else ())
         conn.on_pause, conn.on_resume, conn.on_lost = relay.pause, relay.resume, relay.client_gone
         loop = asyncio.get_running_loop()
         sent = loop.time()

@@ -95,6 +95,17 @@ class RouterSpec(_Model):
         return dict(self.model_extra or {})
 
 
+def _drop_default_deployment(spec, data):
+    """One engine writes the spec it wrote before deployments existed (run.json, spec.yaml): results
+    of the same spec stay the same spec, and --resume keeps them."""
+    if isinstance(data, dict):
+        if spec.replicas == 1:
+            data.pop("replicas", None)
+        if spec.router is None:
+            data.pop("router", None)
+    return data
+
+
 class SimEngineSpec(_Model):
     kind: Literal["sim"] = "sim"
     flavor: Literal["vllm", "sglang"] = Field(
@@ -123,15 +134,7 @@ class SimEngineSpec(_Model):
 
     @model_serializer(mode="wrap")
     def _without_default_deployment(self, handler):
-        # one engine writes the spec it wrote before deployments existed (run.json, spec.yaml):
-        # results of the same spec stay the same spec, and --resume keeps them
-        data = handler(self)
-        if isinstance(data, dict):
-            if self.replicas == 1:
-                data.pop("replicas", None)
-            if self.router is None:
-                data.pop("router", None)
-        return data
+        return _drop_default_deployment(self, handler(self))
 
     @field_validator("cost_model")
     @classmethod
@@ -360,15 +363,35 @@ class LaunchedEngineSpec(_Model):
         "counts the text prompts of api chat; default: the server's /tokenize. serve_sim serves with it too. "
         "A relative path is relative to the spec's directory."))
 
+    # added with sweeps of deployments (docs/deployments.md#sweeps-of-deployments)
+    replicas: int = Field(1, ge=1, description=(
+        "Engines per run, each its own server on its own num_gpus, behind a loadgen gateway that routes each "
+        "session to one of them (needs router or gateway)."))
+    router: Optional[RouterSpec] = Field(None, description=(
+        "How the gateway in front of the replicas routes (replicas > 1), e.g. {policy: consistent_hash}; the "
+        "gateway routes by the policies it knows and says in run.json when it fell back to sticky-hash."))
+
+    @model_serializer(mode="wrap")
+    def _without_default_deployment(self, handler):
+        return _drop_default_deployment(self, handler(self))
+
     @field_validator("simulator")
     @classmethod
     def _one_engine(cls, value: SimEngineSpec) -> SimEngineSpec:
-        # docs/deployments.md#real-engines-what-is-not-done: a sweep launches one server per run
+        # each launched serve-sim is one engine; several are engine.replicas
         if value.replicas > 1:
-            raise ValueError("replicas: loadgen sweep launches one serve-sim engine per run; for a deployment, run "
-                             "`loadgen serve-sim --replicas N --router NAME` and a spec with engine kind openai "
-                             "and metrics_urls (docs/deployments.md#serve-sim-deployments)")
+            raise ValueError("replicas: a launched serve-sim serves one simulated engine; for N of them per run "
+                             "give engine.replicas: N with engine.router (docs/deployments.md#sweeps-of-deployments)")
         return value
+
+    @model_validator(mode="after")
+    def _deployment(self) -> "LaunchedEngineSpec":
+        if self.replicas > 1 and self.router is None and self.gateway is None:
+            raise ValueError(f"router: {self.replicas} replicas need a router in front, e.g. router: {{policy: "
+                             f"consistent_hash}} (valid routers: {list(ROUTERS)}), or engine.gateway")
+        if self.replicas == 1 and self.router is not None:
+            raise ValueError("router: a router needs replicas > 1 (one engine has nothing to route between)")
+        return self
 
     @field_validator("tokenizer")
     @classmethod

@@ -176,6 +176,10 @@ class ExperimentSpec(_Model):
                 where = f"arms[{i}].controller" if arm.controller is not None else "controller"
                 raise ValueError(f"{where}.scope: replica needs a deployment (engine.replicas > 1); one engine's "
                                  "gate is scope deployment")
+            if ctl.scope == "replica" and not isinstance(self.engine, SimEngineSpec):
+                where = f"arms[{i}].controller" if arm.controller is not None else "controller"
+                raise ValueError(f"{where}.scope: replica runs on the simulated engine (kind sim); a sweep's "
+                                 "replicas share one gate over their pools (scope deployment)")
             if arm.engine is not None:
                 if not isinstance(self.engine, SimEngineSpec):
                     raise ValueError(f"arms[{i}].engine: per-arm engine fields apply to the simulated engine "
