@@ -50,6 +50,7 @@ USAGE_TAIL_BYTES = 64 * 1024  # a response's end, where usage is (vLLM, SGLang: 
 # names the upstream that answered a turn request, as serve-sim deployments name their replica, so a
 # live run with engine.replica_header records turns.parquet replica
 REPLICA_HEADER = "X-Loadgen-Replica"
+_REPLICA_LOWER = REPLICA_HEADER.lower()
 PREFIX_HINT_HEADER = "x-loadgen-prefix-tokens"  # the shared-prefix length loadgen's live client sends
 
 
@@ -89,7 +90,7 @@ class Relay:
         out = []
         for name, value in headers:
             lower = name.lower()
-            if lower not in DROPPED_RESPONSE_HEADERS and not (self.replica and lower == "x-loadgen-replica"):
+            if lower not in DROPPED_RESPONSE_HEADERS and not (self.replica and lower == _REPLICA_LOWER):
                 out.append((name, value))
                 if lower == "content-type" and "event-stream" in value:
                     self.event_stream = True

@@ -115,6 +115,26 @@ def test_an_engine_reading_router_sees_the_scraped_gauges_and_goes_to_the_idle_u
     run(main())
 
 
+def test_cache_aware_follows_the_shared_prefix_loadgen_names_and_spreads_without_it():
+    async def main():
+        ups = await upstreams(3)
+        async with running_gateway([u.url for u in ups], router="cache_aware") as gw, aiohttp.ClientSession() as http:
+            hint = {"X-Loadgen-Prefix-Tokens": "80"}
+            _, first, _ = await post(http, gateway_url(gw), completion(100), "a", headers=hint)
+            home = int(first["X-Loadgen-Replica"])
+            assert ("prefix", 80) in gw.routing.router.tree.prefixes[home]
+            # 80 of 100 tokens matched > cache_threshold 0.3: a new session with that prefix goes there
+            _, second, _ = await post(http, gateway_url(gw), completion(100), "b", headers=hint)
+            assert int(second["X-Loadgen-Replica"]) == home
+            # without the hint nothing matches: the smallest tree (an upstream not yet sent anything)
+            _, third, _ = await post(http, gateway_url(gw), completion(100), "c")
+            assert int(third["X-Loadgen-Replica"]) != home
+        for u in ups:
+            await u.stop()
+
+    run(main())
+
+
 def test_a_router_that_reads_no_engine_state_gets_none_and_an_unscraped_upstream_reads_unknown():
     async def main():
         ups = await upstreams(2)
