@@ -124,7 +124,7 @@ class ControllerActor:
         self.proxy_info: Optional[dict] = None
 
     async def start_proxy(self, engine_urls: list[str], pool_tokens: int, router: str = "sticky-hash",
-                          replica_header: Optional[str] = None) -> str:
+                          replica_header: Optional[str] = None, router_options: Optional[dict] = None) -> str:
         """The proxy on the (first) engine's host (the fleets may be on other nodes): with
         engine.gateway it enforces the run's limit; in front of replicas it routes between them
         by ``router``. Returns the URL the fleets send their turns to."""
@@ -139,7 +139,8 @@ class ControllerActor:
         via = engine.gateway or ViaGatewaySpec(controller={"name": "none"})
         self.proxy = await start_run_gateway(via, engine_urls, self.spec.controller_for(self.arm),
                                              self.spec.time_scale, engine.request_timeout_s, pool_tokens, host=host,
-                                             router=router, replica_header=replica_header)
+                                             router=router, replica_header=replica_header,
+                                             router_options=router_options)
         return f"http://{host}:{self.proxy.port}"
 
     async def preflight(self, pool_tokens: int, flush_before_run: bool) -> dict:

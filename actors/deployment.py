@@ -14,7 +14,7 @@ import asyncio
 from typing import Optional
 
 from loadgen.core.spec import LaunchedEngineSpec
-from loadgen.gateway.upstream_choice import CHOOSERS
+from loadgen.gateway.upstream_choice import ROUTER_NAMES
 from loadgen.live.serve_deployment import REPLICA_HEADER
 
 FALLBACK_CHOOSER = "sticky-hash"
@@ -23,13 +23,13 @@ __all__ = ["REPLICA_HEADER", "first_exit", "router_info", "router_note"]
 
 
 def router_info(engine: LaunchedEngineSpec) -> dict:
-    """run.json's fields of a deployment: ``router``, the gateway chooser that routed (as a
-    simulated deployment's ``router`` names its policy), the ``router_spec`` asked for, and a
-    ``router_note`` when they differ. The gateway routes by the policies it has
-    (loadgen/gateway/upstream_choice.py); for any other, or one with knobs it cannot take, it
-    routes by sticky-hash (every request of a session to one replica): the run is not the policy's."""
+    """run.json's fields of a deployment: ``router``, the gateway router that routed (as a
+    simulated deployment's ``router`` names its policy), the ``router_spec`` asked for (its knobs
+    go to the gateway's router_options), and a ``router_note`` when they differ. The gateway routes
+    by every policy of routers/ (loadgen/gateway/upstream_choice.py); a spec without a router is
+    routed by sticky-hash (every request of a session to one replica)."""
     spec = engine.router
-    exact = spec is not None and spec.policy in CHOOSERS and not spec.knobs
+    exact = spec is not None and spec.policy in ROUTER_NAMES
     info = {"router": spec.policy if exact else FALLBACK_CHOOSER,
             "router_spec": {"policy": spec.policy, **spec.knobs} if spec is not None else None, "router_note": None}
     if spec is not None and not exact:

@@ -363,8 +363,9 @@ class _LiveRun:
                 # the fleets' turns go through a proxy beside the (first) engine: it enforces the
                 # limit (engine.gateway) and routes between the replicas, naming each response's replica
                 replica_header = REPLICA_HEADER if self.num_replicas > 1 else None
+                knobs = engine.router.knobs if engine.router is not None and self.info.get("router_note") is None else {}
                 url = await self.controller_actor.start_proxy.remote(
-                    urls, preflight["pool_tokens"], self.info.get("router", "sticky-hash"), replica_header)
+                    urls, preflight["pool_tokens"], self.info.get("router", "sticky-hash"), replica_header, knobs)
                 self.endpoint = replace(self.endpoint, url=url, session_header=GATEWAY_SESSION_HEADER,
                                         replica_header=replica_header)
             self.prepared = True

@@ -7,6 +7,7 @@ import argparse
 
 def add_gateway_parser(sub) -> None:
     from ..gateway.config import SESSION_HEADERS
+    from ..gateway.upstream_choice import DEFAULT_ROUTER, ROUTER_NAMES
 
     gw = sub.add_parser("gateway", help="the gateway controllers as an OpenAI-compatible proxy in front of engines "
                                         "(docs/gateway.md)")
@@ -15,7 +16,11 @@ def add_gateway_parser(sub) -> None:
     gw.add_argument("--controller-option", action="append", default=[], metavar="K=V",
                     help="a constant of the limit, e.g. admit_fraction=0.7 (repeatable)")
     gw.add_argument("--control-start-s", type=float, help="switch the limit on this long after start")
-    gw.add_argument("--router", help="how a session picks its upstream (default sticky-hash)")
+    gw.add_argument("--router", metavar="POLICY",
+                    help=f"how each request picks its upstream: {', '.join(ROUTER_NAMES)} (default "
+                         f"{DEFAULT_ROUTER}: a session keeps one upstream; the others: docs/deployments.md)")
+    gw.add_argument("--router-option", action="append", default=[], metavar="K=V",
+                    help="a knob of the router, e.g. balance_abs_threshold=32 (repeatable)")
     gw.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:9000)")
     gw.add_argument("--pool-tokens", help="KV pool C in tokens, or auto (read from the upstreams, the default)")
     gw.add_argument("--session-header", action="append", metavar="NAME",
@@ -49,7 +54,8 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         pool = int(pool) if pool.lstrip("-").isdigit() else pool
     config = load_config(args.config, {
         "upstreams": args.upstream, "controller": controller, "controller_options": options,
-        "control_start_s": args.control_start_s, "router": args.router, "listen": args.listen,
+        "control_start_s": args.control_start_s, "router": args.router,
+        "router_options": dict(parse_option(o, "--router-option") for o in args.router_option), "listen": args.listen,
         "pool_tokens": pool, "session_headers": args.session_header, "idle_timeout_s": args.idle_timeout_s,
         "max_park_s": args.max_park_s, "on_max_park": args.on_max_park, "time_scale": args.time_scale})
     return serve.run(config, args.quiet, args.log_level)

@@ -20,7 +20,7 @@ from ..core.spec import SpecError
 from ..core.spec.base import _Model
 from ..core.spec.engines import _HTTP_TOKEN, normalize_endpoint_url
 from ..core.spec.experiment import _format_errors
-from .upstream_choice import CHOOSERS
+from .upstream_choice import DEFAULT_ROUTER, ROUTER_NAMES, make_upstream_router
 
 # the session headers agent platforms and routers already send, in the order they are looked for
 SESSION_HEADERS = ("X-Session-ID", "x-session-token", "x-dynamo-session-id", "X-SMG-Routing-Key")
@@ -32,7 +32,10 @@ class GatewayConfig(_Model):
     controller: str = Field("none", description="Gateway limit: " + ", ".join(sorted(POLICIES)))
     controller_options: dict[str, Any] = Field(default_factory=dict, description="The limit's constants.")
     control_start_s: float = Field(0.0, ge=0, description="The limit switches on here (gateway clock); 'none' before.")
-    router: str = Field("sticky-hash", description="How a session picks its upstream: " + ", ".join(sorted(CHOOSERS)))
+    router: str = Field(DEFAULT_ROUTER, description="How each turn request picks its upstream: "
+                        + ", ".join(ROUTER_NAMES) + " (docs/gateway.md#several-upstreams).")
+    router_options: dict[str, Any] = Field(default_factory=dict, description="The router's knobs "
+                                                                             "(docs/deployments.md).")
     listen: str = Field("127.0.0.1:9000", description="HOST:PORT to listen on (loopback unless told otherwise).")
     pool_tokens: Union[Literal["auto"], int] = Field(
         "auto", description="KV pool C in tokens; auto: the upstreams' pools summed, read from their /metrics.")
@@ -116,8 +119,8 @@ class GatewayConfig(_Model):
     @field_validator("router")
     @classmethod
     def _router(cls, value: str) -> str:
-        if value not in CHOOSERS:
-            raise ValueError(f"unknown router {value!r}; valid routers: {sorted(CHOOSERS)}")
+        if value not in ROUTER_NAMES:
+            raise ValueError(f"unknown router {value!r}; valid routers: {list(ROUTER_NAMES)}")
         return value
 
     @model_validator(mode="after")
@@ -126,6 +129,11 @@ class GatewayConfig(_Model):
             make_policy(self.controller, **self.controller_options)
         except ValueError as exc:
             raise ValueError(f"controller: {exc}") from None
+        if self.router in ROUTER_NAMES:  # an unknown name is the router field's own error
+            try:
+                make_upstream_router(self.router, self.router_options)
+            except ValueError as exc:
+                raise ValueError(f"router_options: {exc}") from None
         return self
 
     @property
@@ -137,11 +145,11 @@ class GatewayConfig(_Model):
         return int(self.listen.rpartition(":")[2])
 
 
-def parse_option(text: str) -> tuple[str, Any]:
-    """``k=v`` of --controller-option; the value read as YAML (numbers stay numbers)."""
+def parse_option(text: str, flag: str = "--controller-option") -> tuple[str, Any]:
+    """``k=v`` of --controller-option or --router-option; the value read as YAML (numbers stay numbers)."""
     key, sep, value = text.partition("=")
     if not sep or not key:
-        raise SpecError(f"--controller-option: expected KEY=VALUE, got {text!r}")
+        raise SpecError(f"{flag}: expected KEY=VALUE, got {text!r}")
     try:
         return key.strip(), yaml.safe_load(value)
     except yaml.YAMLError:
@@ -163,10 +171,10 @@ def load_config(path: Optional[str], overrides: dict[str, Any]) -> GatewayConfig
         if loaded is not None and not isinstance(loaded, dict):
             raise SpecError(f"{path}: expected a mapping at the top level, got {type(loaded).__name__}")
         data = dict(loaded or {})
-    options = {**data.get("controller_options", {}), **overrides.pop("controller_options", {})}
+    merged = {name: {**data.get(name, {}), **(overrides.pop(name, None) or {})}
+              for name in ("controller_options", "router_options")}
     data.update({k: v for k, v in overrides.items() if v is not None})
-    if options:
-        data["controller_options"] = options
+    data.update({name: options for name, options in merged.items() if options})
     try:
         return GatewayConfig.model_validate(data)
     except ValidationError as exc:

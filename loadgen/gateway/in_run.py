@@ -25,14 +25,16 @@ async def start_run_gateway(via: ViaGatewaySpec, upstream: Union[str, list[str]]
                             time_scale: float, request_timeout_s: float, pool_tokens: Optional[int] = None,
                             session_header: Optional[str] = None, host: str = "127.0.0.1",
                             pool_urls: Optional[list[str]] = None, router: str = "sticky-hash",
-                            replica_header: Optional[str] = None) -> GatewayProxy:
+                            replica_header: Optional[str] = None,
+                            router_options: Optional[dict] = None) -> GatewayProxy:
     """A proxy in front of ``upstream`` (one URL, or a sweep's replicas routed by ``router``, each
     response naming its replica in ``replica_header``) with the run's limit (``via.controller``, else
     the run's own), listening on ``host`` (loopback; a sweep's engine node for fleets on other nodes)
     at a free port."""
     ctl = ControllerSpec.model_validate(via.controller) if via.controller is not None else run_controller
     upstreams = [upstream] if isinstance(upstream, str) else list(upstream)
-    config = GatewayConfig(upstreams=upstreams, router=router, replica_header=replica_header,
+    config = GatewayConfig(upstreams=upstreams, router=router, router_options=router_options or {},
+                           replica_header=replica_header,
                            controller=ctl.name, controller_options=ctl.params,
                            control_start_s=ctl.start_s, listen=f"{host}:0", pool_tokens=pool_tokens or "auto",
                            session_headers=[session_header or SESSION_HEADER], max_park_s=via.max_park_s,

@@ -50,6 +50,10 @@ class GatewayMetrics:
             lambda: gate().limit())
         Gauge(p + "in_flight_requests", "Requests being answered upstream", registry=registry).set_function(
             lambda: proxy.num_in_flight)
+        routed = Gauge(p + "upstream_outstanding", "Turn requests the router sent to an upstream and has not seen "
+                       "answered (its view of the upstream's load)", ["upstream"], registry=registry)
+        for i, url in enumerate(proxy.config.upstreams):  # the routing is replaced by a reset
+            routed.labels(url).set_function(lambda i=i: proxy.routing.outstanding[i])
         self.engine = Gauge(p + "upstream_engine", "An upstream's own gauges at its last scrape (-1/NaN unknown)",
                             ["upstream", "gauge"], registry=registry)
 
@@ -80,5 +84,7 @@ def status(proxy) -> dict:
         "in_flight_requests": proxy.num_in_flight,
         "draining": proxy.draining,
         "clock_s": gate.clock.now(),
-        "upstreams": [{"url": url, **proxy.engine_signals.get(url, {})} for url in proxy.config.upstreams],
+        "router": proxy.config.router,
+        "upstreams": [{"url": url, "outstanding": proxy.routing.outstanding[i], **proxy.engine_signals.get(url, {})}
+                      for i, url in enumerate(proxy.config.upstreams)],
     }

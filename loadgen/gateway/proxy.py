@@ -26,6 +26,7 @@ from typing import Optional
 import orjson
 
 from controllers import make_policy
+from routers import RouteRequest
 
 from ..core.clock import WallClock
 from ..core.gateway import Gateway
@@ -34,7 +35,7 @@ from .http_server import ClientConnection, Request, error_body
 from .metrics import GatewayMetrics, status
 from .sessions import DemandEstimator, GatewaySession, SessionIdentifier
 from .upstream import UpstreamPool
-from .upstream_choice import CHOOSERS
+from .upstream_choice import UpstreamRouting, make_upstream_router, sticky_hash
 
 log = logging.getLogger("loadgen.gateway")
 
@@ -46,6 +47,10 @@ DROPPED_REQUEST_HEADERS = frozenset(("connection", "keep-alive", "proxy-connecti
 DROPPED_RESPONSE_HEADERS = frozenset(("connection", "keep-alive", "transfer-encoding", "content-length", "trailer",
                                       "upgrade", "proxy-connection"))
 USAGE_TAIL_BYTES = 64 * 1024  # a response's end, where usage is (vLLM, SGLang: the last event or field)
+# names the upstream that answered a turn request, as serve-sim deployments name their replica, so a
+# live run with engine.replica_header records turns.parquet replica
+REPLICA_HEADER = "X-Loadgen-Replica"
+PREFIX_HINT_HEADER = "x-loadgen-prefix-tokens"  # the shared-prefix length loadgen's live client sends
 
 
 def usage_from_tail(tail: bytes) -> Optional[dict]:
@@ -67,11 +72,12 @@ def usage_from_tail(tail: bytes) -> Optional[dict]:
 class Relay:
     """An upstream response on its way to the client (the upstream connection's ``Sink``)."""
 
-    __slots__ = ("client", "conn", "done", "status", "started", "event_stream", "tail", "added_headers")
+    __slots__ = ("client", "conn", "done", "status", "started", "event_stream", "tail", "replica")
 
-    def __init__(self, client: ClientConnection, added_headers: tuple = ()) -> None:
+    def __init__(self, client: ClientConnection, replica: Optional[tuple[str, str]] = None) -> None:
         self.client = client
-        self.added_headers = added_headers  # the gateway's own (replica_header), after the upstream's
+        # set: (header, upstream index) the response names its replica in, in place of any the upstream sent
+        self.replica = replica
         self.conn = None
         self.done = asyncio.get_running_loop().create_future()
         self.status = 0
@@ -84,11 +90,12 @@ class Relay:
         out = []
         for name, value in headers:
             lower = name.lower()
-            if lower not in DROPPED_RESPONSE_HEADERS:
+            if lower not in DROPPED_RESPONSE_HEADERS and not (self.replica and lower == self.replica[0].lower()):
                 out.append((name, value))
                 if lower == "content-type" and "event-stream" in value:
                     self.event_stream = True
-        out.extend(self.added_headers)
+        if self.replica:
+            out.append(self.replica)
         self.client.start(status, out, length)
         self.started = True
 
@@ -139,7 +146,6 @@ class GatewayProxy:
         self.pool_tokens = pool_tokens
         self.identify = SessionIdentifier(config.session_headers, config.fingerprint_tokens)
         self.demand = DemandEstimator(config.default_output_tokens)
-        self.choose = CHOOSERS[config.router]
         self.client_keys = [k.encode() for k in client_keys] if client_keys else None
         self.upstream_headers = [("Authorization", f"Bearer {upstream_key}")] if upstream_key else []
         self.final_header = SESSION_FINAL_HEADER.lower()
@@ -161,6 +167,9 @@ class GatewayProxy:
         self.gate = Gateway(clock, make_policy(ctl.controller, **ctl.controller_options), self.pool_tokens,
                             ctl.control_start_s)
         self.sessions: dict[str, GatewaySession] = {}
+        urls = ctl.upstreams
+        self.routing = UpstreamRouting(make_upstream_router(ctl.router, ctl.router_options), len(urls),
+                                       lambda i: self.engine_signals.get(urls[i], {}))
 
     # ---------------------------------------------------------------- serving
     async def serve(self, host: Optional[str] = None, port: Optional[int] = None) -> asyncio.AbstractServer:
@@ -229,7 +238,7 @@ class GatewayProxy:
                 await self._turn(req, conn)
             else:
                 key = self.identify.from_headers(req.headers)
-                index = self.choose(key, len(self.config.upstreams)) if key else 0
+                index = sticky_hash(key, len(self.config.upstreams)) if key else 0
                 await self._forward(req, conn, index)
         finally:
             self.num_open -= 1
@@ -280,9 +289,13 @@ class GatewayProxy:
             self.metrics.admissions.labels("went").inc()
         admitted_s = clock.now()
         session.in_flight += 1
+        # routed per request, after admission (the router sits behind the gate): a router may move a session
+        routing, route = self.routing, self._route_request(key, body, body_bytes, req, session)
+        index = routing.choose(route, admitted_s)
         try:
-            failure, relay = await self._forward(req, conn, self.choose(key, len(self.config.upstreams)))
+            failure, relay = await self._forward(req, conn, index, turn=True)
         finally:
+            routing.finished(index, route, clock.now())
             session.in_flight -= 1
             session.last_seen_s = clock.now()
         if session.ended:
@@ -297,6 +310,17 @@ class GatewayProxy:
         gate.turn_completed(key, clock.now() - admitted_s)
         if session.final and not session.in_flight:
             self._end_session(session, "final")
+
+    def _route_request(self, key: str, body: dict, body_bytes: int, req: Request,
+                       session: GatewaySession) -> RouteRequest:
+        """The request as a router sees it: the session key, the prompt's tokens (exact for token
+        ids, else the demand estimator's estimate) and loadgen's shared-prefix hint if sent."""
+        prompt_tokens = self.demand.prompt_tokens(body, body_bytes, session)
+        try:
+            shared = int(req.headers.get(PREFIX_HINT_HEADER, "0"))
+        except ValueError:
+            shared = 0
+        return RouteRequest(key, prompt_tokens, "prefix", min(max(shared, 0), prompt_tokens))
 
     async def _park(self, session: GatewaySession, wait, conn: ClientConnection, queue: str) -> bool:
         """Hold a request until the gate admits its session. False when it will not be sent
@@ -333,14 +357,18 @@ class GatewayProxy:
             return False
         return True
 
-    async def _forward(self, req: Request, conn: ClientConnection, index: int) -> tuple[Optional[str], Relay]:
-        """Send ``req`` to upstream ``index`` and relay its response; (failure or None, the relay)."""
+    async def _forward(self, req: Request, conn: ClientConnection, index: int,
+                       turn: bool = False) -> tuple[Optional[str], Relay]:
+        """Send ``req`` to upstream ``index`` and relay its response; (failure or None, the relay).
+        A turn request's response names its upstream (REPLICA_HEADER) when there are several: with
+        one, whatever the upstream says of its replicas (a serve-sim deployment) passes through."""
         url = self.config.upstreams[index]
         headers = [(n, v) for n, v in req.header_list if n.lower() not in DROPPED_REQUEST_HEADERS]
         headers += self.upstream_headers
         data = self.pool.request_bytes(index, req.method, req.target, headers, req.body)
-        replica_header = self.config.replica_header
-        relay = Relay(conn, ((replica_header, str(index)),) if replica_header else ())
+        # named when there are several upstreams, or when the config asks (a sweep's deployment)
+        named = turn and (len(self.config.upstreams) > 1 or self.config.replica_header is not None)
+        relay = Relay(conn, (self.config.replica_header or REPLICA_HEADER, str(index)) if named else None)
         conn.on_pause, conn.on_resume, conn.on_lost = relay.pause, relay.resume, relay.client_gone
         loop = asyncio.get_running_loop()
         sent = loop.time()

@@ -25,9 +25,9 @@ def test_two_replicas_per_run_each_on_its_gpu_behind_the_gateway_record_their_re
     (info,) = run_sweep(parse_spec(data), tmp_path, [RunKey("base", 1)], num_fleets=2)
     assert info["status"] == "completed", info.get("error")
     assert info["replicas"] == 2
-    # the gateway has no consistent_hash yet: run.json says what routed instead
-    assert info["router_spec"] == {"policy": "consistent_hash"} and info["router"] == "sticky-hash"
-    assert "cannot route by 'consistent_hash'" in info["router_note"]
+    # the gateway routes by the spec's policy
+    assert info["router_spec"] == {"policy": "consistent_hash"} and info["router"] == "consistent_hash"
+    assert info["router_note"] is None
     replicas = info["placement"]["replicas"]
     assert len({(r["node_id"], tuple(r["gpu_ids"])) for r in replicas}) == 2
     assert all(len(r["gpu_ids"]) == 1 and r["visible_devices"] == {"CUDA_VISIBLE_DEVICES": r["gpu_ids"][0]}
@@ -42,7 +42,7 @@ def test_two_replicas_per_run_each_on_its_gpu_behind_the_gateway_record_their_re
     by_session: dict[int, set] = {}
     for i in done:
         by_session.setdefault(turns["session_id"][i], set()).add(turns["replica"][i])
-    assert all(len(seen) == 1 for seen in by_session.values())  # the gateway keeps a session on one replica
+    assert all(len(seen) == 1 for seen in by_session.values())  # consistent_hash keeps a session on one replica
 
     rep = pq.read_table(run_dir / "replica_samples.parquet").to_pydict()
     assert set(rep["replica_index"]) == {0, 1} and all(rep["scraped"])
@@ -59,7 +59,7 @@ def test_two_replicas_per_run_each_on_its_gpu_behind_the_gateway_record_their_re
     per_replica = entry["replicas"]["per_replica"]
     assert [r["turns"] for r in per_replica] == [sum(turns["replica"][i] == r for i in done) for r in (0, 1)]
     assert sum(r["turns"] for r in per_replica) == entry["turns_completed"] == len(done)
-    assert entry["replicas"]["router"] == "sticky-hash"
+    assert entry["replicas"]["router"] == "consistent_hash"
     assert entry["replicas"]["deployment"]["miss_routing_tokens"] is None
     assert all(r["miss_eviction_tokens"] is None for r in per_replica)
 

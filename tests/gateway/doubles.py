@@ -17,9 +17,13 @@ class Upstream:
     """A vLLM-like engine on loopback (aiohttp: streamed responses go chunked). Every request is
     recorded; ``hold`` keeps each completion's response back until ``release()`` (or its session's
     ``held_by[...].set()``); ``die_after``
-    closes the connection after that many streamed chunks."""
+    closes the connection after that many streamed chunks. ``gauges`` are what its /metrics says
+    (running, waiting, KV usage); ``replica``, when set, is sent as X-Loadgen-Replica (a deployment
+    behind one URL)."""
 
-    def __init__(self) -> None:
+    def __init__(self, gauges: tuple[int, int, float] = (3, 1, 0.25), replica: Optional[str] = None) -> None:
+        self.gauges = gauges
+        self.replica = replica
         self.requests: list[tuple[str, str, dict, bytes]] = []
         self.hold = False
         self.die_after: Optional[int] = None
@@ -56,9 +60,10 @@ class Upstream:
         body = await request.read()
         if request.path == "/metrics":  # the gateway's scrapes, kept apart from the requests it relays
             self.num_scrapes += 1
+            running, waiting, kv_usage = self.gauges
             return web.Response(text='vllm:cache_config_info{block_size="16",num_gpu_blocks="1000"} 1.0\n'
-                                     'vllm:num_requests_running 3.0\nvllm:num_requests_waiting 1.0\n'
-                                     'vllm:kv_cache_usage_perc 0.25\n')
+                                     f'vllm:num_requests_running {running}\nvllm:num_requests_waiting {waiting}\n'
+                                     f'vllm:kv_cache_usage_perc {kv_usage}\n')
         self.requests.append((request.method, request.path_qs, dict(request.headers), body))
         if request.path == "/big":  # MiB after MiB, as fast as the gateway takes them
             resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
@@ -79,9 +84,10 @@ class Upstream:
         prompt = payload.get("prompt")
         usage = {"prompt_tokens": len(prompt) if isinstance(prompt, list) else len(body) // 4,
                  "completion_tokens": n}
+        tag = {"X-Loadgen-Replica": self.replica} if self.replica is not None else {}
         if not payload.get("stream"):
-            return web.json_response({"choices": [{"text": "t" * n}], "usage": usage})
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            return web.json_response({"choices": [{"text": "t" * n}], "usage": usage}, headers=tag)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **tag})
         await resp.prepare(request)
         try:
             for i in range(n):

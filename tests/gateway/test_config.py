@@ -29,6 +29,9 @@ def test_flags_override_the_file_and_controller_options_merge(tmp_path):
     ({"on_max_park": "drop"}, "on_max_park"),
     ({"controller": "session-cap", "controller_options": {"k": 0}}, "controller"),
     ({"frobnicate": 1}, "frobnicate"),
+    ({"router": "nope"}, "router"),
+    ({"router": "consistent_hash", "router_options": {"virtual_nodes": 0}}, "router_options"),
+    ({"router": "sticky-hash", "router_options": {"k": 1}}, "router_options"),
 ])
 def test_a_bad_setting_names_its_field(overrides, field):
     with pytest.raises(SpecError, match=f"  {field}"):
