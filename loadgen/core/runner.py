@@ -15,6 +15,7 @@ from controllers import make_policy
 from routers import make_router
 
 from ..sim import EngineConfig
+from ..sim.cost import StepCostModel
 from ..sim.jitter import StepJitter
 from ..sim.sglang_engine import SGLangConfig
 from ..version import __version__
@@ -111,8 +112,9 @@ def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir:
     ctl = spec.controller_for(arm)
     engine_spec = spec.engine_for(arm)
     clock = VirtualClock()
-    engine = make_engine(clock, engine_spec, key, spec_dir)
-    sigma = engine_spec.load_cost_model(spec_dir).step_jitter_sigma
+    cost = engine_spec.load_cost_model(spec_dir)
+    engine = make_engine(clock, engine_spec, key, cost)
+    sigma = cost.step_jitter_sigma
     if sigma > 0:  # each replica's steps draw from a stream of their own
         for i, replica in enumerate(getattr(engine, "replicas", [engine])):
             replica.engine.jitter = StepJitter(sigma, rng_for(Stream.STEP_JITTER, key.seed, key.arm, replicate, i))
@@ -147,10 +149,10 @@ def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir:
         "flush_times_s": engine.flush_times_s}
 
 
-def make_engine(clock: VirtualClock, engine_spec: SimEngineSpec, key: RunKey, spec_dir: Optional[Path] = None):
+def make_engine(clock: VirtualClock, engine_spec: SimEngineSpec, key: RunKey, cost: StepCostModel):
     """The simulated engine of a run: one engine, or ``replicas`` of them behind the spec's router
     (whose seed is the run's: the same spec and seed route the same way)."""
-    config, cost = engine_config(engine_spec), engine_spec.load_cost_model(spec_dir)
+    config = engine_config(engine_spec)
     if engine_spec.replicas == 1:
         return SimEngineClient(clock, config, cost)
     router_spec = engine_spec.router
