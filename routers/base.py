@@ -31,7 +31,11 @@ class ReplicaView:
     ``outstanding`` is the router's own count of requests it sent there and has not seen
     finish (what vllm-router and the SGLang model gateway call a worker's load). The engine's
     gauges (``num_running``, ``num_waiting``, ``kv_usage`` as vLLM's kv_cache_usage_perc) are
-    filled only for routers that scrape them (``Router.reads_engine``); NaN/-1 otherwise."""
+    filled only for routers that scrape them (``Router.reads_engine``); NaN/-1 otherwise.
+    ``cached_tokens`` is what the replica's KV events say of this request: the tokens of its
+    prompt, in whole blocks from the start, that the replica's pool holds now (stored and not
+    yet removed); filled only for routers that read KV events (``Router.reads_kv_events``),
+    -1 otherwise."""
 
     index: int
     outstanding: int
@@ -39,6 +43,7 @@ class ReplicaView:
     num_waiting: int = -1
     kv_usage: float = math.nan
     pool_tokens: int = 0
+    cached_tokens: int = -1
 
 
 class Router:
@@ -48,6 +53,8 @@ class Router:
 
     name: ClassVar[str] = ""
     reads_engine: bool = False  # needs the engines' gauges in the views
+    reads_kv_events: bool = False  # needs the engines' KV events (``ReplicaView.cached_tokens``)
+    needs_first_token: bool = False  # is told when a request's first token comes back
     rng: random.Random = random.Random(0)
 
     def start(self, num_replicas: int, seed: int) -> None:
@@ -65,6 +72,10 @@ class Router:
 
     def routed(self, index: int, request: RouteRequest, now_s: float) -> None:
         """The request was sent to replica ``index``."""
+
+    def first_token(self, index: int, request: RouteRequest, now_s: float) -> None:
+        """The request sent to ``index`` returned its first token: its prefill is done (called
+        only for routers with ``needs_first_token``)."""
 
     def finished(self, index: int, request: RouteRequest, now_s: float) -> None:
         """The request sent to ``index`` completed (or failed)."""

@@ -162,6 +162,10 @@ def _cmd_serve_sim(args: argparse.Namespace) -> int:
         from ..live.serve_deployment import DeploymentServer, serve_deployment
         try:
             router = make_router(args.router or "round_robin")
+            if router.reads_kv_events:  # serve-sim's replicas publish no KV events to its router
+                router = make_router(args.router, use_kv_events=False)
+                print(f"serve-sim: {args.router} runs without KV events (use_kv_events false: what it routed)",
+                      file=sys.stderr)
         except ValueError as exc:
             raise SpecError(f"--router: {exc}") from None
         server, listen = DeploymentServer(servers, router, session_header=args.session_header), serve_deployment

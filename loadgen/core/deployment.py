@@ -10,7 +10,7 @@ run with ``metrics_urls`` sums the replicas' pools.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from routers import ReplicaView, RouteRequest, Router
 
@@ -92,36 +92,49 @@ class DeploymentClient:
         return RouteRequest(str(request.session_id), request.prompt_tokens, request.prefix_key,
                             request.shared_prefix_tokens)
 
-    def views(self) -> list[ReplicaView]:
-        if not self.router.reads_engine:
+    def views(self, request: RouteRequest, session_id: Any) -> list[ReplicaView]:
+        """What the router sees of each replica: its own outstanding count, the engines' gauges
+        if it scrapes them, and what the replicas' KV events say of ``request`` (a turn of
+        ``session_id``) if it reads them."""
+        router = self.router
+        if not router.reads_engine and not router.reads_kv_events:
             return [ReplicaView(i, n) for i, n in enumerate(self.outstanding)]
-        return [ReplicaView(i, n, m.num_running, m.num_waiting, m.kv_usage, r.pool_tokens)
-                for i, (n, r, m) in enumerate(zip(self.outstanding, self.replicas,
-                                                  (r.metrics() for r in self.replicas)))]
+        views = []
+        for i, (n, replica) in enumerate(zip(self.outstanding, self.replicas)):
+            cached = replica.cached_tokens(session_id, request.prefix_key, request.shared_prefix_tokens,
+                                           request.prompt_tokens) if router.reads_kv_events else -1
+            if router.reads_engine:
+                m = replica.metrics()
+                views.append(ReplicaView(i, n, m.num_running, m.num_waiting, m.kv_usage, replica.pool_tokens, cached))
+            else:
+                views.append(ReplicaView(i, n, cached_tokens=cached))
+        return views
 
-    def choose(self, request: RouteRequest) -> int:
+    def choose(self, request: RouteRequest, session_id: Any) -> int:
         now = self.replicas[0].clock.now()
-        index = self.router.route(request, self.views(), now)
+        index = self.router.route(request, self.views(request, session_id), now)
         if not 0 <= index < len(self.replicas):
             raise ValueError(f"router {self.router.name!r} chose replica {index} of {len(self.replicas)}")
         return index
 
     def pin(self, session_id: int, request: RouteRequest) -> int:
         """Route the session's next turn now (before its gate is asked); ``generate`` sends it there."""
-        index = self._pinned[session_id] = self.choose(request)
+        index = self._pinned[session_id] = self.choose(request, session_id)
         return index
 
     async def generate(self, request: TurnRequest) -> TurnResult:
         route = self.route_request(request)
         index = self._pinned.pop(request.session_id, None)
         if index is None:
-            index = self.choose(route)
+            index = self.choose(route, request.session_id)
         clock = self.replicas[index].clock
         self.router.routed(index, route, clock.now())
         self.outstanding[index] += 1
         ideal = self.ledger.submitted(index, request)
+        router = self.router
+        on_first_token = ((lambda t_s: router.first_token(index, route, t_s)) if router.needs_first_token else None)
         try:
-            result = await self.replicas[index].generate(request)
+            result = await self.replicas[index].generate(request, on_first_token)
         finally:
             self.outstanding[index] -= 1
             self.router.finished(index, route, clock.now())

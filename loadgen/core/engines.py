@@ -9,7 +9,7 @@ completion) it runs its steps up to that moment and arms one timer for its next 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Protocol, Union
+from typing import Callable, Hashable, Optional, Protocol, Union
 
 from .clock import Clock
 from ..sim import EngineConfig, SimEngine, SimRequest, StepCostModel
@@ -91,7 +91,10 @@ class SimEngineClient:
         self._armed_at: Optional[float] = None
         self._seq = 0
 
-    async def generate(self, request: TurnRequest) -> TurnResult:
+    async def generate(self, request: TurnRequest,
+                       on_first_token: Optional[Callable[[float], None]] = None) -> TurnResult:
+        """Run one turn; ``on_first_token(t_s)`` (a deployment's router, when it asks) is called
+        when its first token is sampled."""
         engine = self.engine
         now = self.clock.now()
         reason = engine.validate(request.prompt_tokens, request.max_tokens)
@@ -104,12 +107,25 @@ class SimEngineClient:
         self._seq += 1
         req = SimRequest(self._seq, stream, request.prompt_tokens, request.max_tokens, prefix=prefix,
                          on_done=_resolve, context=fut)
+        if on_first_token is not None:
+            req.on_first_token = lambda r: on_first_token(r.first_token_s)
         engine.submit(req, now)
         self._rearm()
         await fut
         return TurnResult(req.arrival_s, req.first_token_s, req.finish_s, req.num_prompt_tokens,
                           req.num_cached_tokens, req.generated, req.num_preemptions,
                           itl_mean_s=req.mean_token_gap_s, itl_max_s=req.max_token_gap_s)
+
+    def cached_tokens(self, session_id: Hashable, prefix_key: Hashable, shared_prefix_tokens: int,
+                      prompt_tokens: int) -> int:
+        """The tokens of a turn's prompt (as ``generate`` names them) this engine's pool holds now,
+        in whole blocks from the start: what its KV events (blocks stored, blocks removed) have
+        told a listener."""
+        engine = self.engine
+        engine.advance_to(self.clock.now())
+        self._rearm()
+        prefix_tokens = shared_prefix_tokens if shared_prefix_tokens >= engine.block_size else 0
+        return engine.block_size * engine.held_prompt_blocks(session_id, prefix_key, prefix_tokens, prompt_tokens)
 
     def metrics(self) -> EngineMetrics:
         engine = self.engine

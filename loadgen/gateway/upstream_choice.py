@@ -49,7 +49,11 @@ def make_upstream_router(name: str, options: dict[str, Any]) -> Router:
         return StickyHash()
     if name not in ROUTERS:
         raise ValueError(f"unknown router {name!r}; valid routers: {list(ROUTER_NAMES)}")
-    return make_router(name, **options)
+    router = make_router(name, **options)
+    if router.reads_kv_events:
+        raise ValueError(f"router {name!r} reads the engines' KV events, which the gateway does not receive; "
+                         f"set use_kv_events=false (its approximate mode, Dynamo's --no-kv-events)")
+    return router
 
 
 class UpstreamRouting:

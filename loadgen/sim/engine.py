@@ -117,6 +117,28 @@ class SimEngine(Admission, OffloadScheduling, StreamTree, StepMachine):
             stream = self.streams[full_key] = Stream(full_key, 0, num_blocks)
         return stream
 
+    def held_prompt_blocks(self, key: Hashable, prefix_key: Hashable, prefix_tokens: int, num_tokens: int) -> int:
+        """Blocks of a prompt (the shared prefix ``prefix_key`` of ``prefix_tokens``, then stream
+        ``key``'s own tokens, ``num_tokens`` in all) that the pool holds from its start: what
+        vLLM's KV events (BlockStored, BlockRemoved when a block loses its hash) have told a
+        listener. Reads the pool without touching it; GPU blocks only."""
+        if not self.caching:
+            return 0
+        bs = self.block_size
+        cap = num_tokens // bs  # a KV event names full blocks only
+        own = self.streams.get(key)
+        base = prefix_tokens // bs
+        if base:
+            prefix = self.streams.get(("prefix", prefix_key, base))
+            held = min(prefix.cached, base, cap) if prefix is not None else 0
+            if held < base:
+                return held
+        else:
+            held = 0
+        if own is not None and own.base == base and own.parent is None:
+            held += max(0, min(own.cached, cap - base))
+        return held
+
     def validate(self, num_prompt_tokens: int, max_tokens: int) -> Optional[str]:
         """Why vLLM would reject this request up front (400), or None."""
         if num_prompt_tokens < 1 or max_tokens < 1:

@@ -122,6 +122,32 @@ class RadixCache:
             node = child
         return pos, node
 
+    def peek_prefix(self, pid: Hashable, plen: int, own: Hashable, key_len: int) -> int:
+        """Tokens of the longest cached prefix of the first ``key_len`` tokens, as ``match_prefix``
+        finds it, without stamping or splitting anything (what the tree's KV events have told a
+        listener)."""
+        node = self.root
+        page = self.page_size
+        if page > 1:
+            key_len -= key_len % page
+        in_prefix, in_own = ("p", pid), ("s", own)
+        pos = 0
+        while pos < key_len:
+            child = node.children.get(in_prefix if pos < plen else in_own)
+            if child is None:
+                break
+            n = child.length
+            if child.start < child.plen and child.own is not None and child.own != own:
+                n = child.plen - child.start
+            n = min(n, key_len - pos)
+            if page > 1:
+                n -= n % page
+            pos += n
+            if n < child.length:
+                break
+            node = child
+        return pos
+
     def insert(self, pid: Hashable, plen: int, own: Hashable, key_len: int) -> int:
         """Insert the first ``key_len`` tokens (page-aligned); returns how many were already cached."""
         self.clock += 1

@@ -191,6 +191,18 @@ class SGLangEngine(PrefillAdding, StepMachine):
             stream = self.streams[full_key] = Stream(full_key, 0, aligned)
         return stream
 
+    def held_prompt_blocks(self, key: Hashable, prefix_key: Hashable, prefix_tokens: int, num_tokens: int) -> int:
+        """Pages of a prompt (the shared prefix ``prefix_key`` of ``prefix_tokens``, then stream
+        ``key``'s own tokens, ``num_tokens`` in all) that the radix tree holds from its start: what
+        SGLang's KV events have told a listener. Reads the tree without touching it."""
+        own = self.streams.get(key)
+        aligned = prefix_tokens - prefix_tokens % self.page
+        prefix = self.streams.get(("prefix", prefix_key, aligned)) if aligned else None
+        if own is None and prefix is None:
+            return 0
+        plen = own.base if own is not None else aligned
+        return self.tree.peek_prefix(prefix, plen if prefix is not None else 0, own, num_tokens) // self.page
+
     def validate(self, num_prompt_tokens: int, max_tokens: int) -> Optional[str]:
         """Why SGLang would reject this request up front, or None."""
         if num_prompt_tokens < 1 or max_tokens < 1:

@@ -155,25 +155,75 @@ def test_llm_d_default_weights_trade_prefix_against_queue_and_kv():
     assert r.route(nxt, views(0, 0, waiting=[10, 0], kv=[0.9, 0.1]), 0) == 1
 
 
-def test_dynamo_kv_cost_is_uncached_prefill_plus_active_decode_blocks():
-    r = started("dynamo_kv", 2)
+def cached(*tokens):
+    """Views as a deployment gives them to a router reading KV events: the prompt tokens each holds."""
+    return [ReplicaView(i, 0, cached_tokens=t) for i, t in enumerate(tokens)]
+
+
+def test_dynamo_kv_cost_is_prefill_in_flight_and_uncached_plus_active_blocks():
+    r = started("dynamo_kv", 2, use_kv_events=False)  # the approximate index: what it routed
     a = req("a", prompt=1600, shared=0)  # 100 blocks
     r.route(a, views(0, 0), 0)
-    send(r, 0, a, 0.0)  # now active on 0 (100 blocks) and cached there
-    nxt = req("a", prompt=3200, shared=0)  # 200 blocks, 100 of them on replica 0
-    # replica 0: prefill 100 + decode 100 + 200 = 400; replica 1: prefill 200 + decode 200 = 400 -> tie
-    assert r.costs(nxt, views(1, 0), 1.0) == [400, 400]
-    r.finished(0, a, 2.0)
-    # done: replica 0 decodes nothing: 100 + 200 = 300 < 400
+    send(r, 0, a, 0.0)  # active on 0 (100 blocks, 1600 prefill tokens) and in its index there
+    nxt = req("a", prompt=3200, shared=0)  # 200 blocks, the first 100 of them a's
+    # replica 0: prefill (1600 in flight + 1600 new) / 16 = 200, decode 100 active + 100 new = 200
+    # replica 1: prefill 3200 / 16 = 200, decode 200 -> a tie, which the smaller index (1's, empty) wins
+    assert r.costs(nxt, views(0, 0), 1.0) == [400, 400]
+    assert r.route(nxt, views(0, 0), 1.0) == 1
+    r.first_token(0, a, 1.5)  # a's prefill is done: 100 + 200 on replica 0
+    assert r.costs(nxt, views(0, 0), 1.5) == [300, 400]
+    r.finished(0, a, 2.0)  # a is no longer active: its blocks are new again, but cached
     assert r.costs(nxt, views(0, 0), 3.0) == [300, 400]
     assert r.route(nxt, views(0, 0), 3.0) == 0
     # the approximate index forgets after ttl_secs (120 s): no overlap left anywhere
     assert r.costs(nxt, views(0, 0), 130.0) == [400, 400]
     # the overlap weight scales the prefill term only: 2 x 100 + 200 vs 2 x 200 + 200
-    heavy = started("dynamo_kv", 2, overlap_score_weight=2.0)
+    heavy = started("dynamo_kv", 2, overlap_score_weight=2.0, use_kv_events=False)
     send(heavy, 0, a, 0.0)
     heavy.finished(0, a, 1.0)
     assert heavy.costs(nxt, views(0, 0), 2.0) == [400, 600]
+
+
+def test_dynamo_kv_counts_a_shared_prefix_once_among_the_active_blocks():
+    r = started("dynamo_kv", 2)
+    b = req("b", prompt=6000, shared=2000)  # 375 blocks: the system prompt's 125, then b's own 250
+    r.route(b, cached(0, 0), 0.0)
+    send(r, 0, b, 0.0)
+    r.first_token(0, b, 0.5)
+    c = req("c", prompt=6000, shared=2000)
+    # replica 0 holds the system prompt (its KV events): prefill (6000 - 2000) / 16 = 250; decode 375
+    # active + 250 new (the system prompt is active already) = 625; replica 1: 375 + 375
+    assert r.costs(c, cached(2000, 0), 1.0) == [875, 750]
+    r.finished(0, b, 2.0)
+    assert r.costs(c, cached(2000, 0), 2.0) == [250 + 375, 750]
+
+
+def test_dynamo_kv_with_kv_events_no_longer_prefers_a_replica_that_evicted_the_prefix():
+    a = req("a", prompt=1600, shared=0)
+    z = req("z", prompt=160, shared=0)  # 10 blocks of another session, active on replica 0
+    nxt = req("a", prompt=3200, shared=0)
+    costs = {}
+    for events in (True, False):
+        r = started("dynamo_kv", 2, use_kv_events=events)
+        r.route(a, cached(0, 0), 0.0)
+        send(r, 0, a, 0.0)
+        r.finished(0, a, 1.0)
+        r.route(z, cached(0, 0), 2.0)
+        send(r, 0, z, 2.0)
+        r.first_token(0, z, 2.5)
+        # replica 0 has since evicted a's blocks: its KV events say it holds none of nxt
+        costs[events] = r.costs(nxt, cached(0, 0), 3.0)
+        assert r.route(nxt, cached(0, 0), 3.0) == (1 if events else 0)
+    # events: 0 pays prefill 200 + decode 10 + 200, 1 pays 200 + 200; approximate: 0 believes a's
+    # 100 blocks are still there (routed 3 s ago, within the TTL): 100 + 210
+    assert costs == {True: [410, 400], False: [310, 400]}
+
+
+def test_dynamo_kv_refuses_a_view_without_kv_events():
+    with pytest.raises(ValueError, match="needs the engines' KV events"):
+        started("dynamo_kv", 2).route(req(), views(0, 0), 0.0)
+    with pytest.raises(ValueError, match="use_kv_events must be true or false"):
+        make_router("dynamo_kv", use_kv_events="yes")
 
 
 def test_unknown_router_and_knob_name_the_valid_ones():

@@ -391,6 +391,10 @@ class LaunchedEngineSpec(_Model):
                              f"consistent_hash}} (valid routers: {list(ROUTERS)}), or engine.gateway")
         if self.replicas == 1 and self.router is not None:
             raise ValueError("router: a router needs replicas > 1 (one engine has nothing to route between)")
+        if self.router is not None and make_router(self.router.policy, **self.router.knobs).reads_kv_events:
+            raise ValueError(f"router: {self.router.policy} reads the engines' KV events, which the gateway in front "
+                             f"of launched engines does not receive; set router.use_kv_events: false (its "
+                             f"approximate mode, Dynamo's --no-kv-events)")
         return self
 
     @field_validator("tokenizer")
