@@ -248,7 +248,7 @@ def test_the_deployment_examples_cover_every_router_and_run(tmp_path):
     paired = load_spec(examples / "deployment-paired.yaml")
     assert paired.engine.replicas == 4 and paired.workload.arrival_rate_per_s == pytest.approx(4 * 0.035)
     arms = {(paired.engine_for(a).router.policy, bool(a.triggers)) for a in paired.arms}
-    assert arms == {(r, burst) for r in ROUTERS for burst in (False, True)} and len(paired.arms) == 18
+    assert arms == {(r, burst) for r in ROUTERS for burst in (False, True)} and len(paired.arms) == 20
     routers = load_spec(examples / "deployment-routers.yaml")
     assert {routers.engine_for(a).router.policy for a in routers.arms} == set(ROUTERS)
     assert {(routers.controller_for(a).name, routers.controller_for(a).scope) for a in routers.arms} == {

@@ -22,12 +22,12 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from .recovery import cohort_completion_by_arrival  # noqa: E402
-from .replica_figures import replica_figures  # noqa: E402
+from .replica_figures import plot_replica_panels, replica_figures, replica_panel_rows  # noqa: E402
 from .runs import RunData, load_run  # noqa: E402
 from .tables import table_arms  # noqa: E402
 from .windows import DEGRADED_HIT_RATIO, window_series  # noqa: E402
 
-__all__ = ["write_figures", "arm_colors", "WINDOW_S", "DPI", "figure_cohort_completion",
+__all__ = ["write_figures", "arm_colors", "pair_figure", "WINDOW_S", "DPI", "figure_cohort_completion",
            "figure_arm_timeseries", "figure_mix_shift_scatter"]
 
 WINDOW_S = 60.0
@@ -89,10 +89,26 @@ def _plot_pair(
     colors: Mapping[str, str],
     experiment: Any,
 ) -> None:
-    """One seed's arms: hit ratio, turn throughput and sessions in system, sharing the x axis."""
-    fig, (ax_hit, ax_tput, ax_sessions) = plt.subplots(
-        3, 1, sharex=True, figsize=(10, 9), constrained_layout=True
-    )
+    """Save a seed's pair figure (``pair_figure``)."""
+    fig = pair_figure(seed, runs, colors, experiment)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def pair_figure(seed: int, runs: Sequence[RunData], colors: Mapping[str, str], experiment: Any) -> Figure:
+    """One seed's arms: hit ratio, turn throughput and sessions in system, sharing the x axis; on
+    a deployment, each arm's replicas and the imbalance below them (replica_figures.py)."""
+    extra_rows = replica_panel_rows(runs)
+    if not extra_rows:
+        fig, (ax_hit, ax_tput, ax_sessions) = plt.subplots(
+            3, 1, sharex=True, figsize=(10, 9), constrained_layout=True
+        )
+    else:
+        fig = plt.figure(figsize=(12, 9 + 2.2 * extra_rows), constrained_layout=True)
+        grid = fig.add_gridspec(3 + extra_rows, 2, height_ratios=[3, 3, 3] + [2.2] * extra_rows)
+        ax_hit = fig.add_subplot(grid[0, :])
+        ax_tput, ax_sessions = (fig.add_subplot(grid[i, :], sharex=ax_hit) for i in (1, 2))
+        plot_replica_panels(fig, grid, 3, runs, colors, sharex=ax_hit)
     for run in runs:
         arm = str(run.run_json["arm"])
         duration_s = float(run.run_json["duration_s"])
@@ -131,8 +147,7 @@ def _plot_pair(
     ax_sessions.set_ylim(bottom=0)
     ax_hit.legend(loc="lower left", fontsize="small")
     fig.suptitle(f"{experiment}: seed {seed}, arms compared")
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    return fig
 
 
 def _plot_overview(
@@ -204,10 +219,12 @@ def figure_jobs(results_dir: str | os.PathLike, summary: Mapping[str, Any],
         runs_by_arm.setdefault(str(run.run_json["arm"]), []).append(run)
 
     jobs: list[tuple[Path, Callable[[], None]]] = []
+    paired_seeds = []
     for seed in sorted(runs_by_seed):
         seed_runs = runs_by_seed[seed]
         if len({r.run_json["arm"] for r in seed_runs}) < 2:
             continue
+        paired_seeds.append(seed)
         path = figures_dir / f"pair-s{seed}.png"
         jobs.append((path, partial(_plot_pair, path, seed, seed_runs, colors, experiment)))
 
@@ -222,7 +239,7 @@ def figure_jobs(results_dir: str | os.PathLike, summary: Mapping[str, Any],
         controller_figures.append(("mix-shift-scatter.png", partial(figure_mix_shift_scatter, summary, colors)))
     if any(r.get("cold_work_drift_s_per_h") is not None for r in summary.get("runs", [])):
         controller_figures.append(("drain.png", partial(figure_drain, summary, colors)))
-    controller_figures += replica_figures(runs_by_seed, colors)  # runs on a deployment (docs/deployments.md)
+    controller_figures += replica_figures(runs_by_seed, colors, paired_seeds)  # a deployment's seed without a pair figure
     for name, make in controller_figures:
         jobs.append((figures_dir / name, partial(save_figure, make, figures_dir / name)))
     return jobs
