@@ -10,9 +10,12 @@ from loadgen.core.deployment import DeploymentClient
 from loadgen.core.engines import SimEngineClient, TurnRequest
 from loadgen.core.recording import RunRecorder
 from loadgen.core.runner import RunKey, simulate
+from loadgen.core.spec import SpecError, parse_spec
+from loadgen.gateway.upstream_choice import make_upstream_router
 from loadgen.sim import EngineConfig, StepCostModel
 from loadgen.sim.sglang_engine import SGLangConfig
 from routers import make_router
+from tests.conftest import make_spec_dict
 from tests.test_deployment import deployment_spec
 
 COST = StepCostModel(0.01, 1e-5, 0.0, 0.0, name="test")
@@ -121,3 +124,14 @@ def test_deployment_runs_with_kv_events_are_reproducible_and_differ_from_approxi
         tables.setdefault(events, []).append(recorder.tables()["turns"])
     assert tables[True][0].equals(tables[True][1])
     assert tables[True][0].column("replica").to_pylist() != tables[False][0].column("replica").to_pylist()
+
+
+def test_where_no_kv_events_reach_the_router_dynamo_kv_needs_its_approximate_mode():
+    with pytest.raises(ValueError, match="gateway does not receive; set use_kv_events=false"):
+        make_upstream_router("dynamo_kv", {})
+    assert not make_upstream_router("dynamo_kv", {"use_kv_events": False}).reads_kv_events
+    launched = {"kind": "serve_sim", "replicas": 2, "router": {"policy": "dynamo_kv"}}
+    with pytest.raises(SpecError, match="set router.use_kv_events: false"):
+        parse_spec(make_spec_dict(engine=launched))
+    launched["router"]["use_kv_events"] = False
+    assert parse_spec(make_spec_dict(engine=launched)).engine.router.knobs == {"use_kv_events": False}
