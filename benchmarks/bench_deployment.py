@@ -46,8 +46,10 @@ def bench(seed: int, repeats: int, routers: list[str]) -> dict:
         results["single-engine burst x1"] = {"wall_s": wall, "engine_steps": info["counts"]["engine_steps"],
                                              "turns": info["counts"]["turns_completed"]}
         base = 4 * wall
-        for router in routers:
-            arm = f"{router.replace('_', '-')}-burst"
+        arms = [(router, f"{router.replace('_', '-')}-burst") for router in routers]
+        if "dynamo_kv" in routers:  # and without KV events (use_kv_events: false)
+            arms.append(("dynamo_kv approximate", "dynamo-kv-approx-burst"))
+        for router, arm in arms:
             wall, info = timed(deployment, RunKey(arm, seed), Path(tmp), repeats)
             results[router] = {"wall_s": wall, "engine_steps": info["counts"]["engine_steps"],
                                "turns": info["counts"]["turns_completed"], "vs_4_single_runs": wall / base,
