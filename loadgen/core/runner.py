@@ -152,12 +152,12 @@ def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir:
 def make_engine(clock: VirtualClock, engine_spec: SimEngineSpec, key: RunKey, cost: StepCostModel):
     """The simulated engine of a run: one engine, or ``replicas`` of them behind the spec's router
     (whose seed is the run's: the same spec and seed route the same way)."""
-    config = engine_config(engine_spec)
     if engine_spec.replicas == 1:
-        return SimEngineClient(clock, config, cost)
+        return SimEngineClient(clock, engine_config(engine_spec.replica_engines()[0]), cost)
     router_spec = engine_spec.router
     seed = int(rng_for(Stream.ROUTER, key.seed, key.arm).integers(2**63))
-    return DeploymentClient([SimEngineClient(clock, config, cost) for _ in range(engine_spec.replicas)],
+    return DeploymentClient([SimEngineClient(clock, engine_config(replica), cost)
+                             for replica in engine_spec.replica_engines()],
                             make_router(router_spec.policy, **router_spec.knobs), seed,
                             prefix_cache_block_size(engine_spec))
 
@@ -199,8 +199,9 @@ def sim_pool_and_deployment(engine: SimEngineSpec) -> tuple:
     """(C, run.json fields) of a simulated engine: a deployment's C is its replicas' pools together,
     and its run.json names the replicas and router (one engine's run.json is as before)."""
     if engine.replicas == 1:
-        return engine.pool_tokens, {}
-    return engine.pool_tokens * engine.replicas, {"replicas": engine.replicas, "router": engine.router.policy}
+        return engine.replica_engines()[0].pool_tokens, {}
+    return sum(r.pool_tokens for r in engine.replica_engines()), {"replicas": engine.replicas,
+                                                                   "router": engine.router.policy}
 
 
 def run_spec(spec: ExperimentSpec, key: RunKey) -> dict:

@@ -136,6 +136,9 @@ def spec_bounds(spec: ExperimentSpec, cost: StepCostModel) -> MapBounds:
         think_s = sum(gaps) / len(gaps) if gaps else 0.0
     one = session_bounds(shapes, think_s, spec.engine.pool_tokens, cost)
     n = spec.engine.replicas
+    if spec.engine.replica_specs is not None:
+        raise ValueError("engine.replicas: the map's bounds take identical replicas; a list of replicas that "
+                         "differ is not mapped")
     if n == 1:
         return one
     return replace(one, pool_tokens=one.pool_tokens * n, healthy_rate_per_s=one.healthy_rate_per_s * n,

@@ -97,13 +97,33 @@ class RouterSpec(_Model):
 
 def _drop_default_deployment(spec, data):
     """One engine writes the spec it wrote before deployments existed (run.json, spec.yaml): results
-    of the same spec stay the same spec, and --resume keeps them."""
+    of the same spec stay the same spec, and --resume keeps them. Replicas of their own are
+    written back in the list form they were given in."""
     if isinstance(data, dict):
         if spec.replicas == 1:
             data.pop("replicas", None)
         if spec.router is None:
             data.pop("router", None)
+        own = data.pop("replica_specs", None)
+        if own is not None:
+            data["replicas"] = own
     return data
+
+
+class ReplicaSpec(_Model):
+    """One replica of a deployment whose replicas differ (``replicas: [{pool_tokens: ...}, ...]``):
+    the engine's fields it sets for itself; the rest are the engine's."""
+
+    pool_tokens: Optional[int] = Field(None, gt=0, description="This replica's KV pool in tokens.")
+    max_num_batched_tokens: Optional[int] = Field(None, ge=1, description="This replica's token budget per step.")
+    max_num_seqs: Optional[int] = Field(None, ge=1, description="This replica's most running requests.")
+
+    @model_serializer(mode="wrap")
+    def _set_fields_only(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+    def fields(self) -> dict[str, Any]:
+        return self.model_dump()
 
 
 class SimEngineSpec(_Model):
@@ -128,13 +148,44 @@ class SimEngineSpec(_Model):
         None, description="A CPU KV offload tier (flavor vllm), e.g. {cpu_tokens: 900000}; default: none.")
     # added with deployments (docs/deployments.md)
     replicas: int = Field(1, ge=1, description="Engines of this kind behind a router (a deployment); each has "
-                                               "the whole pool, cost model and flavour above.")
+                                               "the whole pool, cost model and flavour above. A list of "
+                                               "replicas, e.g. [{pool_tokens: 400000}, {pool_tokens: 200000}], "
+                                               "gives each the fields it sets (pool_tokens, "
+                                               "max_num_batched_tokens, max_num_seqs).")
+    replica_specs: Optional[list[ReplicaSpec]] = Field(None, description="Set by the list form of replicas.")
     router: Optional[RouterSpec] = Field(None, description="The router in front of the replicas (replicas > 1), "
                                                            "e.g. {policy: cache_aware, cache_threshold: 0.5}.")
 
     @model_serializer(mode="wrap")
     def _without_default_deployment(self, handler):
         return _drop_default_deployment(self, handler(self))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _replica_list(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("replicas"), list):
+            if "replica_specs" in data:
+                raise ValueError("replicas: give the list of replicas once (replicas: [...])")
+            own = data["replicas"]
+            data = {**data, "replicas": len(own), "replica_specs": own}
+            if not own:
+                raise ValueError("replicas: an empty list; give at least one replica")
+            allowed = set(ReplicaSpec.model_fields)
+            for i, entry in enumerate(own):
+                if not isinstance(entry, dict):
+                    raise ValueError(f"replicas[{i}]: expected a mapping of the fields this replica sets "
+                                     f"({sorted(allowed)}), got {entry!r}")
+                unknown = sorted(set(entry) - allowed)
+                if unknown:
+                    raise ValueError(f"replicas[{i}]: unknown field(s) {unknown}; a replica may set {sorted(allowed)}")
+        return data
+
+    def replica_engines(self) -> list["SimEngineSpec"]:
+        """Each replica's engine: this one, with the fields a replica of its own sets."""
+        one = {"replicas": 1, "router": None, "replica_specs": None}
+        if self.replica_specs is None:
+            return [self.model_copy(update=one)] * self.replicas
+        return [self.model_copy(update={**one, **r.fields()}) for r in self.replica_specs]
 
     @field_validator("cost_model")
     @classmethod
@@ -161,6 +212,13 @@ class SimEngineSpec(_Model):
                              f"valid routers: {list(ROUTERS)}")
         if self.replicas == 1 and self.router is not None:
             raise ValueError("router: a router needs replicas > 1 (one engine has nothing to route between)")
+        if self.replica_specs is not None:
+            if len(self.replica_specs) != self.replicas:
+                raise ValueError(f"replicas: {self.replicas} replicas but {len(self.replica_specs)} in the list")
+            for i, r in enumerate(self.replica_specs):
+                if r.pool_tokens is not None and r.pool_tokens % self.block_size:
+                    raise ValueError(f"replicas[{i}].pool_tokens ({r.pool_tokens}) must be a multiple of block_size "
+                                     f"({self.block_size})")
         if self.offload is not None:
             if self.flavor != "vllm":
                 raise ValueError("offload: the CPU offload tier models vLLM's OffloadingConnector (flavor vllm)")
