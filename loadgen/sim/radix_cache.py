@@ -125,7 +125,8 @@ class RadixCache:
     def peek_prefix(self, pid: Hashable, plen: int, own: Hashable, key_len: int) -> int:
         """Tokens of the longest cached prefix of the first ``key_len`` tokens, as ``match_prefix``
         finds it, without stamping or splitting anything (what the tree's KV events have told a
-        listener)."""
+        listener). Written out beside match_prefix, as that walk is, rather than sharing it: a
+        flag in that hot loop would cost every match."""
         node = self.root
         page = self.page_size
         if page > 1:
