@@ -90,6 +90,7 @@ class SimEngineClient:
         self._timer = None
         self._armed_at: Optional[float] = None
         self._seq = 0
+        self.placer = None  # where a session tree's requests run (set by loadgen/core/tree_engines.py)
 
     async def generate(self, request: TurnRequest) -> TurnResult:
         engine = self.engine
@@ -97,9 +98,12 @@ class SimEngineClient:
         reason = engine.validate(request.prompt_tokens, request.max_tokens)
         if reason is not None:
             return TurnResult(now, float("nan"), now, request.prompt_tokens, 0, 0, error=reason)
-        prefix = (engine.prefix_stream(request.prefix_key, request.shared_prefix_tokens)
-                  if request.shared_prefix_tokens >= engine.block_size else None)
-        stream = engine.stream(request.session_id, request.shared_prefix_tokens if prefix is not None else 0)
+        if self.placer is not None:  # a session tree's (loadgen/core/tree_engines.py)
+            prefix, stream = self.placer.streams(request)
+        else:
+            prefix = (engine.prefix_stream(request.prefix_key, request.shared_prefix_tokens)
+                      if request.shared_prefix_tokens >= engine.block_size else None)
+            stream = engine.stream(request.session_id, request.shared_prefix_tokens if prefix is not None else 0)
         fut = self.clock.create_future()
         self._seq += 1
         req = SimRequest(self._seq, stream, request.prompt_tokens, request.max_tokens, prefix=prefix,

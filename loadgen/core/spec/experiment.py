@@ -16,6 +16,7 @@ from ...sim.cost import PRESETS, StepCostModel
 from .base import SpecError, _Model
 from .engines import EngineSpec, LaunchedEngineSpec, SimEngineSpec
 from .sessions import WorkloadSpec
+from .trees import TreeSessionSpec
 from .triggers import MixShiftTrigger, Trigger
 
 
@@ -192,6 +193,7 @@ class ExperimentSpec(_Model):
                     err = exc.errors()[0]
                     where = ".".join(str(x) for x in err["loc"])
                     raise ValueError(f"arms[{i}].engine.{where}: {err['msg']}") from None
+        _check_trees(self)
         if isinstance(self.engine, SimEngineSpec):
             shapes = [self.workload.sessions] + [t.sessions for a in self.arms for t in a.triggers
                                                  if isinstance(t, MixShiftTrigger)]
@@ -234,6 +236,21 @@ class ExperimentSpec(_Model):
 
 _KIND_TAGS = {"sim", "openai", "vllm", "sglang", "serve_sim", "synthetic", "swebench", "trace_file", "hf_dataset", "tracelab_synthetic", "empirical", "exponential",
               "burst", "extra_sessions", "flush", "rate_change", "mix_shift"}
+
+
+def _check_trees(spec: "ExperimentSpec") -> None:
+    """Session trees run in the simulator, without the CPU offload tier (loadgen/core/tree_engines.py)."""
+    shapes = [spec.workload.sessions] + [t.sessions for a in spec.arms for t in a.triggers
+                                         if isinstance(t, MixShiftTrigger)]
+    if not any(isinstance(s, TreeSessionSpec) for s in shapes):
+        return
+    if not isinstance(spec.engine, SimEngineSpec):
+        raise ValueError(f"workload.sessions: kind tree runs on the simulated engine (kind sim) only; live "
+                         f"replay of trees (engine kind {spec.engine.kind!r}) is not yet supported")
+    for arm in spec.arms:
+        engine = spec.engine_for(arm)
+        if engine.flavor != "sglang" and engine.offload is not None:
+            raise ValueError("engine.offload: session trees are not modelled with the CPU offload tier")
 
 
 def _format_errors(exc: ValidationError, source: str) -> str:

@@ -14,6 +14,7 @@ from trace_shapes import (TREE_FORMATS, EmpiricalGaps, ExponentialGaps, GapFallb
                           load_hf, load_swebench, load_trace, load_trees, select_models)
 
 from .base import _Model
+from .trees import TreeSessionSpec
 
 
 class SyntheticSessionSpec(_Model):
@@ -281,7 +282,7 @@ def _cached_hf(source: "HFSourceSpec", format: str, options: LoaderOptions) -> L
 
 SessionSpec = Annotated[
     Union[SyntheticSessionSpec, SwebenchSessionSpec, TraceFileSessionSpec, HFDatasetSessionSpec,
-          TraceLabSyntheticSessionSpec],
+          TraceLabSyntheticSessionSpec, TreeSessionSpec],
     Field(discriminator="kind"),
 ]
 
