@@ -1,0 +1,216 @@
+"""Session trees run in the simulator (loadgen/core/tree_runtime.py, tree_engines.py): children start
+when their parent's turn ends, forks hit the parent's blocks, joins wait, runs are deterministic."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from loadgen.core.recording import RunRecorder
+from loadgen.core.runner import RunKey, run_simulated, simulate
+from loadgen.core.tree_runtime import CHILD_ID_BASE, MAX_TREE_SESSIONS
+from loadgen.core.workload import SessionPlan
+from trace_shapes import FORK, SPAWN, Branch, Child, SessionShape, Tree
+
+from .conftest import make_spec
+
+
+def tree_spec(preset: str, flavor: str = "vllm", params: dict = None, **engine):
+    return make_spec(
+        duration_s=400, seeds=[3],
+        engine={"kind": "sim", "flavor": flavor, "pool_tokens": engine.pop("pool_tokens", 2_000_000),
+                "max_model_len": 200_000, **engine},
+        workload={"arrival_rate_per_s": 0.02,
+                  "sessions": {"kind": "tree", "preset": preset, "params": params or {}}},
+        arms=[{"name": "base"}])
+
+
+def run_tables(spec, seed: int = 3):
+    recorder = RunRecorder(None, f"base-s{seed}", "base", seed, 60.0, tree_columns=True)
+    simulate(spec, RunKey("base", seed), recorder)
+    recorder.close()
+    return {name: t.to_pandas() for name, t in recorder.tables().items()}
+
+
+def _forks(turns):
+    """(child's first turn row, the tokens it inherits) for every forked child: tree-search forks
+    after the parent's turn 0, so it inherits that turn's prompt and output."""
+    first = turns[(turns.turn_index == 0) & turns.parent_session_id.notna()]
+    parents = turns[turns.turn_index == 0].set_index("session_id")
+    out = []
+    for _, row in first.iterrows():
+        p = parents.loc[int(row.parent_session_id)]
+        out.append((row, int(p.prompt_tokens + p.output_tokens)))
+    return out
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
+def test_a_forks_first_turn_hits_the_parents_blocks(flavor):
+    tables = run_tables(tree_spec("tree-search", flavor))
+    forks = _forks(tables["turns"])
+    assert len(forks) >= 6
+    for row, inherited in forks:
+        # the parent computed its prompt and all of its output but the last token
+        low = (inherited - 1) // 16 * 16 if flavor == "vllm" else inherited - 1
+        assert low <= row.cached_tokens <= inherited, (row.session_id, row.cached_tokens, inherited)
+
+
+def test_spawned_workers_share_only_their_system_prompt():
+    tables = run_tables(tree_spec("orchestrator-workers"))
+    turns = tables["turns"]
+    first = turns[(turns.turn_index == 0) & (turns.depth == 1)]
+    assert len(first) >= 10
+    # the worker system prompt (1500 tokens, 93 blocks of 16) once some worker has sent it; never more
+    assert (first.cached_tokens <= 1488).all()
+    assert (first.cached_tokens == 1488).mean() > 0.8
+
+
+def run_hand_trees(plans, engine_config=None):
+    """Run ``plans`` (hand-made trees) to their end on one simulated engine; the tables."""
+    from controllers import make_policy
+    from loadgen.core.clock import VirtualClock
+    from loadgen.core.engines import SimEngineClient
+    from loadgen.core.gateway import Gateway
+    from loadgen.core.runner import _start_session
+    from loadgen.core.session import RunEnv
+    from loadgen.core.tree_engines import start_trees
+    from loadgen.sim import EngineConfig
+
+    from .sim.conftest import COST
+
+    clock = VirtualClock()
+    config = engine_config or EngineConfig(num_blocks=50_000)
+    engine = SimEngineClient(clock, config, COST)
+    recorder = RunRecorder(None, "hand", "base", 0, 1e9, tree_columns=True)
+    env = RunEnv(clock, engine, Gateway(clock, make_policy("none"), engine.pool_tokens), recorder)
+    env.trees = start_trees(env, plans, lambda plan: _start_session(clock, plan, env))
+    for plan in plans:
+        clock.call_at(plan.arrival_s, _start_session, clock, plan, env)
+    clock.run()
+    recorder.close()
+    return {name: t.to_pandas() for name, t in recorder.tables().items()}
+
+
+def _shape(initial, num_turns, think_s=1.0, output=100, growth=200, shared=0, kind="hand"):
+    return SessionShape(kind, initial, (output,) * num_turns, (growth,) * (num_turns - 1),
+                        (think_s,) * (num_turns - 1), shared_prefix_tokens=shared)
+
+
+def _spawn_tree(wait_for=None, start_delay_s=0.5):
+    quick = Tree(_shape(1000, 1, shared=500))
+    slow = Tree(_shape(1000, 3, think_s=20.0, shared=500))
+    branch = Branch(0, SPAWN, (Child(quick, start_delay_s, 100), Child(slow, start_delay_s, 200)),
+                    join_turn=1, wait_for=wait_for)
+    return Tree(_shape(3000, 3, think_s=2.0, shared=500), (branch,))
+
+
+@pytest.mark.parametrize("wait_for", [None, 1])
+def test_a_join_waits_for_its_children_and_appends_their_results(wait_for):
+    tree = _spawn_tree(wait_for)
+    tables = run_hand_trees([SessionPlan(7, 1.0, tree.node, tree=tree)])
+    turns, sessions = tables["turns"], tables["sessions"].set_index("session_id")
+    root = turns[turns.session_id == 7].set_index("turn_index")
+    quick, slow = CHILD_ID_BASE + 7 * MAX_TREE_SESSIONS + 1, CHILD_ID_BASE + 7 * MAX_TREE_SESSIONS + 2
+    kids = turns[turns.session_id != 7].groupby("session_id")
+    # the children start start_delay_s after the response of the turn that spawns them
+    assert kids.ready_s.min()[quick] == pytest.approx(root.finish_s[0] + 0.5)
+    assert kids.ready_s.min()[slow] == pytest.approx(root.finish_s[0] + 0.5)
+    awaited = sessions.finish_s[slow] if wait_for is None else sessions.finish_s[quick]
+    # the think time runs after the awaited children have ended
+    assert root.ready_s[1] == pytest.approx(awaited + 2.0)
+    appended = 300 if wait_for is None else 100
+    assert root.prompt_tokens[1] == 3000 + 100 + 200 + appended
+    assert root.prompt_tokens[2] == root.prompt_tokens[1] + 300
+    assert (sessions.status == "completed").all()
+    assert sessions.tree_finish_s[7] == pytest.approx(sessions.finish_s.max())
+    assert sessions.tree_num_sessions[7] == 3
+
+
+def test_a_fork_hits_exactly_the_parents_computed_blocks_and_the_parent_hits_on():
+    root_shape = _shape(3000, 3, think_s=30.0, shared=1000)
+    inherited = 3000 + 100
+    fork = Tree(_shape(inherited + 50, 2, shared=1000))
+    tree = Tree(root_shape, (Branch(0, FORK, (Child(fork, 1.0), Child(fork, 1.0))),))
+    tables = run_hand_trees([SessionPlan(0, 0.0, tree.node, tree=tree)])
+    turns = tables["turns"].set_index(["session_id", "turn_index"])
+    first = [CHILD_ID_BASE + 1, CHILD_ID_BASE + 2]
+    for sid in first:  # the parent computed 3099 tokens: 193 full blocks of 16
+        assert turns.cached_tokens[(sid, 0)] == (inherited - 1) // 16 * 16
+    # the parent goes on from its own blocks after the cut (all its context but the new tokens)
+    assert turns.cached_tokens[(0, 1)] == (inherited - 1) // 16 * 16
+
+
+def test_same_spec_and_seed_give_the_same_tree_run():
+    spec = tree_spec("orchestrator-workers", params={"start_delay_mean_s": 1.0, "wait_for_fraction": 0.7})
+    a, b = run_tables(spec), run_tables(spec)
+    for name in ("turns", "sessions"):
+        assert a[name].equals(b[name])
+    other = run_tables(spec, seed=4)
+    assert not other["turns"].equals(a["turns"])
+
+
+def test_tree_columns_and_tree_completion(tmp_path):
+    spec = tree_spec("orchestrator-workers")
+    run_simulated(spec, RunKey("base", 3), tmp_path)
+    import pyarrow.parquet as pq
+
+    turns = pq.read_table(tmp_path / "runs/base-s3/turns.parquet").to_pandas()
+    sessions = pq.read_table(tmp_path / "runs/base-s3/sessions.parquet").to_pandas()
+    roots = sessions[sessions.depth == 0]
+    assert roots.parent_session_id.isna().all() and (roots.tree_id == roots.session_id).all()
+    kids = sessions[sessions.depth > 0]
+    assert (kids.session_id >= CHILD_ID_BASE).all() and kids.tree_num_sessions.isna().all()
+    assert set(turns.tree_id) == set(roots.session_id)
+    done = roots[roots.tree_finish_s.notna()]
+    assert len(done) >= 3
+    for _, root in done.iterrows():
+        tree = sessions[sessions.tree_id == root.session_id]
+        assert root.tree_num_sessions == len(tree)
+        assert root.tree_finish_s == pytest.approx(tree.finish_s.max())
+        assert (tree.status == "completed").all()
+    # a tree still running at the end has no finish
+    open_ = roots[roots.tree_finish_s.isna()]
+    for _, root in open_.iterrows():
+        assert (sessions[sessions.tree_id == root.session_id].status == "in_system").any()
+
+
+def test_a_linear_run_writes_no_tree_columns(tmp_path):
+    run_simulated(make_spec(seeds=[1], arms=[{"name": "base"}], duration_s=120), RunKey("base", 1), tmp_path)
+    import pyarrow.parquet as pq
+
+    assert "tree_id" not in pq.read_table(tmp_path / "runs/base-s1/turns.parquet").column_names
+    assert "tree_id" not in pq.read_table(tmp_path / "runs/base-s1/sessions.parquet").column_names
+
+
+@pytest.mark.parametrize("sessions, engine, message", [
+    ({"kind": "tree", "preset": "parallel-tools"}, {}, "parallel-tools is not yet runnable"),
+    ({"kind": "tree", "preset": "forest"}, {}, "unknown tree preset 'forest'"),
+    ({"kind": "tree", "preset": "tree-search", "params": {"num_branches": 2.5}}, {}, "params.num_branches"),
+    ({"kind": "tree", "preset": "orchestrator-workers", "params": {"worker": {"turns": 3}}}, {},
+     "params.worker: unknown agent fields ['turns']"),
+    ({"kind": "tree", "preset": "orchestrator-workers"}, {"offload": {"cpu_tokens": 100000}},
+     "engine.offload: session trees are not modelled"),
+])
+def test_bad_tree_specs_exit_2_naming_the_field(tmp_path, sessions, engine, message):
+    data = {"experiment": "t", "duration_s": 60, "seeds": [1],
+            "engine": {"kind": "sim", "pool_tokens": 400_000, **engine},
+            "workload": {"arrival_rate_per_s": 0.1, "sessions": sessions}, "arms": [{"name": "a"}]}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    proc = subprocess.run([sys.executable, "-m", "loadgen.cli", "validate", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_trees_refuse_a_live_engine(tmp_path):
+    data = {"experiment": "t", "duration_s": 60, "seeds": [1],
+            "engine": {"kind": "openai", "url": "http://127.0.0.1:9/v1", "model": "m"},
+            "workload": {"arrival_rate_per_s": 0.1, "sessions": {"kind": "tree", "preset": "tree-search"}},
+            "arms": [{"name": "a"}]}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    proc = subprocess.run([sys.executable, "-m", "loadgen.cli", "validate", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "kind tree runs on the simulated engine" in proc.stderr, proc.stderr
