@@ -68,8 +68,9 @@ def test_spawned_workers_share_only_their_system_prompt():
     assert (first.cached_tokens == 1488).mean() > 0.8
 
 
-def run_hand_trees(plans, engine_config=None):
-    """Run ``plans`` (hand-made trees) to their end on one simulated engine; the tables."""
+def run_hand_trees(plans, engine_config=None, policy=None, tree_policy="sessions"):
+    """Run ``plans`` (hand-made trees) until no event is left, on one simulated engine behind
+    ``policy`` (a limit; none by default); the tables."""
     from controllers import make_policy
     from loadgen.core.clock import VirtualClock
     from loadgen.core.engines import SimEngineClient
@@ -85,8 +86,8 @@ def run_hand_trees(plans, engine_config=None):
     config = engine_config or EngineConfig(num_blocks=50_000)
     engine = SimEngineClient(clock, config, COST)
     recorder = RunRecorder(None, "hand", "base", 0, 1e9, tree_columns=True)
-    env = RunEnv(clock, engine, Gateway(clock, make_policy("none"), engine.pool_tokens), recorder)
-    env.trees = start_trees(env, plans, lambda plan: _start_session(clock, plan, env))
+    env = RunEnv(clock, engine, Gateway(clock, policy or make_policy("none"), engine.pool_tokens), recorder)
+    env.trees = start_trees(env, plans, lambda plan: _start_session(clock, plan, env), tree_policy)
     for plan in plans:
         clock.call_at(plan.arrival_s, _start_session, clock, plan, env)
     clock.run()
@@ -214,3 +215,47 @@ def test_trees_refuse_a_live_engine(tmp_path):
     path.write_text(yaml.safe_dump(data))
     proc = subprocess.run([sys.executable, "-m", "loadgen.cli", "validate", str(path)], capture_output=True, text=True)
     assert proc.returncode == 2 and "kind tree runs on the simulated engine" in proc.stderr, proc.stderr
+
+
+def _fuzzed_trees(seed: int, num_trees: int = 14):
+    """Trees of both runnable presets with wide fan-outs, quorums, recursion and delayed starts,
+    arriving within a minute."""
+    import numpy as np
+
+    from loadgen.core.spec.trees import _build
+
+    rng = np.random.default_rng(seed)
+    plans = []
+    for i in range(num_trees):
+        if rng.random() < 0.7:
+            model = _build("orchestrator-workers", {
+                "fan_out_mean": float(rng.uniform(1, 8)), "wait_for_fraction": float(rng.choice([0.3, 0.6, 1.0])),
+                "max_depth": int(rng.integers(1, 3)), "recurse_probability": float(rng.uniform(0, 0.5)),
+                "start_delay_mean_s": float(rng.choice([0.0, 3.0])),
+                "orchestrator": {"num_turns_mean": 4.0, "think_time_mean_s": 1.0},
+                "worker": {"num_turns_mean": 3.0, "think_time_mean_s": 1.0}}, "")
+        else:
+            model = _build("tree-search", {"refork_probability": float(rng.uniform(0, 0.8))}, "")
+        tree = model.make(np.random.default_rng([seed, i]))
+        plans.append(SessionPlan(i, float(rng.uniform(0, 60)), tree.node, tree=tree))
+    return plans
+
+
+@pytest.mark.parametrize("tree_policy", ["sessions", "trees"])
+@pytest.mark.parametrize("name", ["budgeter", "adaptive-cap", "admission-only", "aimd", "session-cap"])
+def test_no_controller_deadlocks_a_fuzzed_family_of_trees(name, tree_policy):
+    """Parents wait at joins holding their admission while their children queue: the gateway's
+    liveness rule must still let every session of every tree end."""
+    from controllers import make_policy
+    from loadgen.sim import EngineConfig
+
+    params = {"admission-only": {"k": 3}, "session-cap": {"k": 3, "k_hi": 4}, "aimd": {"initial_k": 2, "max_k": 4}}
+    for seed in range(3):
+        plans = _fuzzed_trees(seed)
+        tables = run_hand_trees(plans, EngineConfig(num_blocks=120_000 // 16), make_policy(name, **params.get(name, {})),
+                                tree_policy)
+        sessions = tables["sessions"]
+        expected = sum(p.tree.num_sessions() for p in plans)
+        assert len(sessions) == expected, (seed, len(sessions), expected)
+        assert (sessions.status != "in_system").all(), sessions.status.value_counts()
+        assert sessions.tree_finish_s[sessions.depth == 0].notna().all()

@@ -132,7 +132,7 @@ def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir:
         gateway = Gateway(clock, policy, engine.pool_tokens, ctl.start_s)
     env = RunEnv(clock, engine, gateway, recorder)
     if any(plan.tree is not None for plan in plans):
-        env.trees = start_trees(env, plans, lambda plan: _start_session(clock, plan, env))
+        env.trees = start_trees(env, plans, lambda plan: _start_session(clock, plan, env), ctl.tree_policy)
 
     for plan in plans:
         clock.call_at(plan.arrival_s, _start_session, clock, plan, env)

@@ -96,10 +96,10 @@ def attach_placers(engine_client, trees: TreeRuntime) -> None:
         client.placer = (SGLangTreePlacer if isinstance(sim, SGLangEngine) else VllmTreePlacer)(sim, trees)
 
 
-def start_trees(env, plans, start) -> TreeRuntime:
-    """The run's tree runtime over ``env``'s engines, with every tree root of ``plans`` registered;
-    ``start(plan)`` starts a child session now."""
-    trees = TreeRuntime(env.clock, env.recorder, start, env.counts)
+def start_trees(env, plans, start, tree_policy: str = "sessions") -> TreeRuntime:
+    """The run's tree runtime over ``env``'s engines and gateway, with every tree root of ``plans``
+    registered; ``start(plan)`` starts a child session now."""
+    trees = TreeRuntime(env.clock, env.recorder, start, env.counts, env.gateway, tree_policy)
     for plan in plans:
         if plan.tree is not None:
             trees.add_root(plan)

@@ -8,7 +8,10 @@ context as it is at that moment. A branch joined at turn j makes the parent wait
 think time, until ``wait_for`` of its children (all by default) have ended, then append the
 results of those that have ended by then (``Branch.join_tokens``) to its context: a quorum goes on
 without the rest, who keep running. While it waits, the parent counts as thinking (its context
-sits idle in the cache) and keeps its place at the gateway.
+sits idle in the cache) and keeps its place at the gateway, which knows it waits
+(``Gateway.join_started``: the liveness rule then treats it as unable to end a turn). With
+``tree_policy: trees`` a child is admitted on arrival (the tree was admitted as a whole; the
+policy may still park it at a turn boundary); with ``sessions`` each child queues like a new session.
 
 Identities: a child's session id is ``CHILD_ID_BASE + tree_id * MAX_TREE_SESSIONS + i``, where
 the tree id is the root's session id and ``i`` the child's place in the tree's walk (parents
@@ -91,11 +94,14 @@ class _TreeState:
 class TreeRuntime:
     """The running trees of one run. ``start(plan)`` starts a session at the clock's current time."""
 
-    def __init__(self, clock: Clock, recorder, start: Callable[[SessionPlan], None], counts) -> None:
+    def __init__(self, clock: Clock, recorder, start: Callable[[SessionPlan], None], counts, gateway=None,
+                 tree_policy: str = "sessions") -> None:
         self.clock = clock
         self.recorder = recorder
         self.start = start
         self.counts = counts
+        self.gateway = gateway
+        self.tree_policy = tree_policy  # "trees": children of an admitted tree are admitted on arrival
         self.sessions: dict[int, TreeSession] = {}
 
     def add_root(self, plan: SessionPlan) -> None:
@@ -126,7 +132,11 @@ class TreeRuntime:
             while len(ended) < branch.num_awaited:
                 node.waiter = self.clock.create_future()
                 self.counts.thinking += 1
+                if self.gateway is not None:
+                    self.gateway.join_started(node.session_id)
                 await node.waiter
+                if self.gateway is not None:
+                    self.gateway.join_ended(node.session_id)
                 self.counts.thinking -= 1
             joined += branch.join_tokens(list(ended))
         return joined
@@ -147,6 +157,8 @@ class TreeRuntime:
             self.recorder.tree_session(sid, node.session_id, node.tree_id, kid.depth)
             state.num_started += 1
             state.num_open += 1
+            if self.tree_policy == "trees" and self.gateway is not None:
+                self.gateway.admit_on_arrival.add(sid)
             self.clock.call_at(plan.arrival_s, self.start, plan)
 
     def ended(self, node: TreeSession) -> None:

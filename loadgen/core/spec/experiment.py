@@ -29,11 +29,18 @@ class ControllerSpec(_Model):
         "deployment", description="deployment: one gate over the sum of the replicas' pools; replica: a gate per "
                                   "replica over its own pool, asked after routing (engine.replicas > 1).")
 
+    # added with session trees (docs/trace-shapes.md#trees-and-the-gateway)
+    tree_policy: Literal["sessions", "trees"] = Field(
+        "sessions", description="sessions: a tree's children queue at the gate like new sessions; trees: the "
+                                "children of an admitted tree are admitted on arrival (the limit gates roots).")
+
     @model_serializer(mode="wrap")
     def _without_default_scope(self, handler):
         data = handler(self)  # written as before deployments existed unless set (run.json, spec.yaml)
         if isinstance(data, dict) and self.scope == "deployment":
             data.pop("scope", None)
+        if isinstance(data, dict) and self.tree_policy == "sessions":
+            data.pop("tree_policy", None)
         return data
 
     @field_validator("name")
@@ -248,6 +255,10 @@ def _check_trees(spec: "ExperimentSpec") -> None:
         raise ValueError(f"workload.sessions: kind tree runs on the simulated engine (kind sim) only; live "
                          f"replay of trees (engine kind {spec.engine.kind!r}) is not yet supported")
     for arm in spec.arms:
+        ctl = spec.controller_for(arm)
+        if ctl.scope == "replica" or ctl.name == "thunderagent":
+            raise ValueError(f"controller: session trees run behind the deployment's gateway (scope deployment), "
+                             f"not {'thunderagent' if ctl.name == 'thunderagent' else 'scope replica'}")
         engine = spec.engine_for(arm)
         if engine.flavor != "sglang" and engine.offload is not None:
             raise ValueError("engine.offload: session trees are not modelled with the CPU offload tier")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import Field, field_validator
 
 from trace_shapes.tree_presets import TREE_PRESETS, AgentShape
@@ -41,7 +42,12 @@ class TreeSessionSpec(_Model):
     def _known_params(cls, value: dict, info) -> dict:
         preset = info.data.get("preset")
         if preset is not None:
-            _build(preset, value, "")  # raises naming the field
+            model = _build(preset, value, "")  # raises naming the field
+            try:  # values each field accepts alone but not together (a fan-out cap of 0, say)
+                for i in range(8):
+                    model.make(np.random.default_rng(i))
+            except ValueError as exc:
+                raise ValueError(f"these params draw no valid tree: {exc}") from None
         return value
 
     def model(self):
@@ -66,29 +72,30 @@ def _build(preset: str, params: dict, label: str):
         if isinstance(default, AgentShape):
             if not isinstance(value, dict):
                 raise ValueError(f"params.{name}: expected a mapping of agent fields, got {value!r}")
-            agent_fields = {f.name for f in dataclasses.fields(AgentShape)}
-            unknown = sorted(set(value) - agent_fields)
+            agent_fields = {f.name: f for f in dataclasses.fields(AgentShape)}
+            unknown = sorted(set(value) - set(agent_fields))
             if unknown:
                 raise ValueError(f"params.{name}: unknown agent fields {unknown}; fields: {sorted(agent_fields)}")
             for key, v in value.items():
-                _check_number(f"params.{name}.{key}", v, getattr(default, key))
+                _check_number(f"params.{name}.{key}", v, agent_fields[key].type)
             value = dataclasses.replace(default, **value)
         else:
-            _check_number(f"params.{name}", value, default)
+            _check_number(f"params.{name}", value, fields[name].type)
         values[name] = value
     if label:
         values["kind"] = label
     return cls(**values)
 
 
-def _check_number(where: str, value: Any, default: Any) -> None:
-    if isinstance(default, str):
+def _check_number(where: str, value: Any, type_name: str) -> None:
+    """``value`` for a preset field annotated ``type_name`` (str, int or float)."""
+    if type_name == "str":
         if not isinstance(value, str):
             raise ValueError(f"{where}: expected a string, got {value!r}")
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{where}: expected a number, got {value!r}")
-    if isinstance(default, int) and not isinstance(value, int):
+    if type_name == "int" and not isinstance(value, int):
         raise ValueError(f"{where}: expected an integer, got {value!r}")
     if value < 0:
         raise ValueError(f"{where}: must be >= 0, got {value!r}")
