@@ -3,6 +3,7 @@ when their parent's turn ends, forks hit the parent's blocks, joins wait, runs a
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -124,6 +125,7 @@ def test_a_join_waits_for_its_children_and_appends_their_results(wait_for):
     assert root.ready_s[1] == pytest.approx(awaited + 2.0)
     appended = 300 if wait_for is None else 100
     assert root.prompt_tokens[1] == 3000 + 100 + 200 + appended
+    assert list(root.joined_tokens) == [0, appended, 0]
     assert root.prompt_tokens[2] == root.prompt_tokens[1] + 300
     assert (sessions.status == "completed").all()
     assert sessions.tree_finish_s[7] == pytest.approx(sessions.finish_s.max())
@@ -259,3 +261,28 @@ def test_no_controller_deadlocks_a_fuzzed_family_of_trees(name, tree_policy):
         assert len(sessions) == expected, (seed, len(sessions), expected)
         assert (sessions.status != "in_system").all(), sessions.status.value_counts()
         assert sessions.tree_finish_s[sessions.depth == 0].notna().all()
+
+
+def test_the_summary_reports_task_completion_and_the_hit_ratio_after_joins(tmp_path):
+    import pyarrow.parquet as pq
+
+    from loadgen.analysis.summary import summarize
+    from loadgen.analysis.trees import format_trees_table
+
+    spec = tree_spec("orchestrator-workers")
+    run_simulated(spec, RunKey("base", 3), tmp_path)
+    summary = summarize(tmp_path)
+    (row,) = summary["trees_by_arm"]
+    sessions = pq.read_table(tmp_path / "runs/base-s3/sessions.parquet").to_pandas()
+    turns = pq.read_table(tmp_path / "runs/base-s3/turns.parquet").to_pandas()
+    roots = sessions[sessions.depth == 0]
+    done = (roots.tree_finish_s - roots.arrival_s).dropna().sort_values().tolist()
+    assert (row["trees_arrived"], row["trees_ended"]) == (len(roots), len(done))
+    assert row["task_s_p50"] == done[math.ceil(0.5 * len(done)) - 1]
+    after = turns[(turns.joined_tokens > 0) & turns.error.isna()]
+    assert len(after) > 5
+    assert row["hit_ratio_after_join"] == pytest.approx(after.cached_tokens.sum() / after.prompt_tokens.sum())
+    assert "hit after join" in format_trees_table(summary)
+    linear = tmp_path / "linear"
+    run_simulated(make_spec(seeds=[1], arms=[{"name": "base"}], duration_s=120), RunKey("base", 1), linear)
+    assert "trees_by_arm" not in summarize(linear)

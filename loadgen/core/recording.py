@@ -56,6 +56,8 @@ TREE_FIELDS = [("parent_session_id", pa.int64()), ("tree_id", pa.int64()), ("dep
 # and on a root's sessions.parquet row: the sessions its tree started, and when the last of them
 # ended (null when some had not ended by the end of the run)
 TREE_ROOT_FIELDS = [("tree_num_sessions", pa.int32()), ("tree_finish_s", pa.float64())]
+# and on turns: the tokens this prompt appends from the children it waited for at a join (0: no join)
+TREE_TURN_FIELDS = [("joined_tokens", pa.int64())]
 
 SAMPLE_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("t_s", pa.float64()),
@@ -164,8 +166,9 @@ class RunRecorder:
         self._tree_of: dict[int, tuple] = {}  # session id -> (parent, tree id, depth)
         self._root_rows: dict[int, tuple] = {}  # tree id -> its root's row, until the tree ends
         self._trees_ended: dict[int, tuple] = {}  # tree id -> (sessions, finish_s), until the root's row
+        self._joined: dict[tuple, int] = {}  # (session id, turn) -> tokens its joins append, until it succeeds
         if tree_columns:
-            turn_schema = pa.schema(list(turn_schema) + [pa.field(n, t) for n, t in TREE_FIELDS])
+            turn_schema = pa.schema(list(turn_schema) + [pa.field(n, t) for n, t in TREE_FIELDS + TREE_TURN_FIELDS])
             session_schema = pa.schema(list(SESSION_SCHEMA) + [pa.field(n, t) for n, t in TREE_FIELDS + TREE_ROOT_FIELDS])
         self._turns = _Columns(turn_schema)
         self._samples = _Columns(SAMPLE_SCHEMA)
@@ -222,6 +225,10 @@ class RunRecorder:
         """Session ``session_id`` belongs to tree ``tree_id`` (tree columns: its rows say so)."""
         self._tree_of[session_id] = (parent_session_id, tree_id, depth)
 
+    def tree_joined(self, session_id: int, turn_index: int, joined_tokens: int) -> None:
+        """Turn ``turn_index`` of ``session_id`` appends ``joined_tokens`` of its children's results."""
+        self._joined[(session_id, turn_index)] = joined_tokens
+
     def tree_ended(self, tree_id: int, num_sessions: int, finish_s: float) -> None:
         """Every session of tree ``tree_id`` has ended, the last at ``finish_s``."""
         row = self._root_rows.pop(tree_id, None)
@@ -250,7 +257,9 @@ class RunRecorder:
         if self.replica_columns:
             values += (replica, miss_routing_tokens, miss_eviction_tokens)
         if self.tree_columns:
-            values += self._tree_of.get(session_id, (None, session_id, 0))
+            joined = self._joined.get((session_id, turn_index), 0) if error is not None else \
+                self._joined.pop((session_id, turn_index), 0)
+            values += self._tree_of.get(session_id, (None, session_id, 0)) + (joined,)
         self._turns.append(values)
         if error is None:
             self.turns_completed += 1

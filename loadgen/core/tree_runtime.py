@@ -139,6 +139,8 @@ class TreeRuntime:
                     self.gateway.join_ended(node.session_id)
                 self.counts.thinking -= 1
             joined += branch.join_tokens(list(ended))
+        if joined:
+            self.recorder.tree_joined(node.session_id, turn + 1, joined)
         return joined
 
     def _spawn(self, node: TreeSession, b: int, context_after: int) -> None:
