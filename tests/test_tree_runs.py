@@ -216,7 +216,7 @@ def test_trees_refuse_a_live_engine(tmp_path):
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(data))
     proc = subprocess.run([sys.executable, "-m", "loadgen.cli", "validate", str(path)], capture_output=True, text=True)
-    assert proc.returncode == 2 and "kind tree runs on the simulated engine" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "session trees run on the simulated engine" in proc.stderr, proc.stderr
 
 
 def _fuzzed_trees(seed: int, num_trees: int = 14):

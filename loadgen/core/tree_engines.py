@@ -109,8 +109,9 @@ def start_trees(env, plans, start, tree_policy: str = "sessions") -> TreeRuntime
 
 def has_trees(spec) -> bool:
     """Whether a spec's workload draws session trees (its run then writes the tree columns)."""
-    from .spec import MixShiftTrigger, TreeSessionSpec
+    from .spec import MixShiftTrigger
+    from .spec.sessions import draws_trees
 
     sessions = [spec.workload.sessions] + [t.sessions for a in spec.arms for t in a.triggers
                                            if isinstance(t, MixShiftTrigger)]
-    return any(isinstance(s, TreeSessionSpec) for s in sessions)
+    return any(draws_trees(s) for s in sessions)

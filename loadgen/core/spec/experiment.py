@@ -15,8 +15,7 @@ from ...sim.cost import PRESETS, StepCostModel
 
 from .base import SpecError, _Model
 from .engines import EngineSpec, LaunchedEngineSpec, SimEngineSpec
-from .sessions import WorkloadSpec
-from .trees import TreeSessionSpec
+from .sessions import WorkloadSpec, draws_trees
 from .triggers import MixShiftTrigger, Trigger
 
 
@@ -249,10 +248,10 @@ def _check_trees(spec: "ExperimentSpec") -> None:
     """Session trees run in the simulator, without the CPU offload tier (loadgen/core/tree_engines.py)."""
     shapes = [spec.workload.sessions] + [t.sessions for a in spec.arms for t in a.triggers
                                          if isinstance(t, MixShiftTrigger)]
-    if not any(isinstance(s, TreeSessionSpec) for s in shapes):
+    if not any(draws_trees(s) for s in shapes):
         return
     if not isinstance(spec.engine, SimEngineSpec):
-        raise ValueError(f"workload.sessions: kind tree runs on the simulated engine (kind sim) only; live "
+        raise ValueError(f"workload.sessions: session trees run on the simulated engine (kind sim) only; live "
                          f"replay of trees (engine kind {spec.engine.kind!r}) is not yet supported")
     for arm in spec.arms:
         ctl = spec.controller_for(arm)
