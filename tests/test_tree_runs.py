@@ -189,7 +189,7 @@ def test_a_linear_run_writes_no_tree_columns(tmp_path):
 
 
 @pytest.mark.parametrize("sessions, engine, message", [
-    ({"kind": "tree", "preset": "parallel-tools"}, {}, "parallel-tools is not yet runnable"),
+    ({"kind": "tree", "preset": "parallel-tools", "params": {"max_calls": 0.5}}, {}, "params.max_calls: expected an integer"),
     ({"kind": "tree", "preset": "forest"}, {}, "unknown tree preset 'forest'"),
     ({"kind": "tree", "preset": "tree-search", "params": {"num_branches": 2.5}}, {}, "params.num_branches"),
     ({"kind": "tree", "preset": "orchestrator-workers", "params": {"worker": {"turns": 3}}}, {},
@@ -286,3 +286,23 @@ def test_the_summary_reports_task_completion_and_the_hit_ratio_after_joins(tmp_p
     linear = tmp_path / "linear"
     run_simulated(make_spec(seeds=[1], arms=[{"name": "base"}], duration_s=120), RunKey("base", 1), linear)
     assert "trees_by_arm" not in summarize(linear)
+
+
+def test_parallel_calls_go_with_their_turn_fork_its_prompt_and_the_turn_waits_for_them():
+    from trace_shapes import ParallelCalls
+
+    tree = Tree(_shape(3000, 3, think_s=2.0, shared=500), (), (ParallelCalls(1, (40, 900), (30, 200)),))
+    tables = run_hand_trees([SessionPlan(3, 0.0, tree.node, tree=tree)])
+    turns = tables["turns"].set_index(["session_id", "turn_index"])
+    root = turns.loc[3]
+    calls = turns[turns.depth == 1].reset_index()
+    assert sorted(calls.prompt_tokens - root.prompt_tokens[1]) == [40, 900]
+    assert sorted(calls.planned_output_tokens) == [30, 200]
+    assert (calls.ready_s == root.ready_s[1]).all() and (calls.parent_session_id == 3).all()
+    # each call hits what the turn's own call holds of the shared prompt (all of it but the last block)
+    assert (calls.cached_tokens >= root.cached_tokens[1]).all()
+    assert (calls.cached_tokens >= (root.prompt_tokens[1] - 1) // 16 * 16 - 16).all()
+    assert (calls.cacheable_prefix_tokens == root.prompt_tokens[1]).all()
+    # the next turn's think time starts when the last call has ended
+    assert root.ready_s[2] == pytest.approx(max(calls.finish_s.max(), root.finish_s[1]) + 2.0)
+    assert root.prompt_tokens[2] == root.prompt_tokens[1] + 100 + 200  # the calls add nothing to the context

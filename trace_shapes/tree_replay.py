@@ -11,9 +11,8 @@ truncation at the engine's limit, gaps the trace does not record drawn from the 
   the branch in the background (nobody waits);
 * a child whose first call alone does not fit is dropped, and a branch left without children;
 * a recorded join's prompt already holds what the children returned, so children append no
-  result; an unrecorded start delay (null) starts the child at once.
-
-Parallel calls are not replayed (refused where a spec asks for them).
+  result; an unrecorded start delay (null) starts the child at once;
+* parallel calls of calls after the truncation are dropped with them.
 """
 
 from __future__ import annotations
@@ -82,16 +81,13 @@ def replay_tree(tree: RecordedTree, options: ReplayOptions, fallback: Optional[G
         join = branch.join_turn if branch.join_turn is not None and branch.join_turn < n else None
         wait_for = min(branch.wait_for, len(children)) if join is not None and branch.wait_for else None
         branches.append(Branch(branch.after_turn, branch.mode, tuple(children), join, wait_for))
-    return Tree(shape, tuple(branches))
+    parallel = tuple(p for p in tree.parallel if p.turn < n)
+    return Tree(shape, tuple(branches), parallel)
 
 
 def build_tree_replay(trees: Sequence[RecordedTree], options: ReplayOptions, gap_fallback: Optional[GapFallback],
                       models: Optional[Sequence[str]] = None, with_replacement: bool = False) -> TreeReplay:
     """Like ``build_replay``, over trees: a tree is chosen by its root's model and kept when its root fits."""
-    with_parallel = sum(any(t.parallel for _, _, t in tree.walk()) for tree in trees)
-    if with_parallel:
-        raise ValueError(f"{with_parallel} of the {len(trees)} trees make parallel calls, which are not yet "
-                         "replayed (the runner sends one request per turn)")
     chosen_roots = select_models([t.node for t in trees], models)
     keep = {id(r) for r in chosen_roots}
     chosen = [t for t in trees if id(t.node) in keep]

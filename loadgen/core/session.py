@@ -262,6 +262,8 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
         prefix = (shape.prefix_key, shape.shared_prefix_tokens)
         cacheable = max(held_tokens, shape.shared_prefix_tokens if prefix in env.sent_prefixes else 0)
         env.sent_prefixes.add(prefix)
+        if node is not None and node.tree.parallel:  # more calls over this prompt, sent with it
+            env.trees.send_parallel(node, k, context)
         attempt = 0
         while True:
             attempt += 1

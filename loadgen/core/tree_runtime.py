@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Optional
 
-from trace_shapes import FORK, Tree
+from trace_shapes import FORK, SessionShape, Tree
 
 from .clock import Clock
 from .workload import SessionPlan
@@ -38,7 +38,7 @@ class TreeSession:
     """One session of a running tree."""
 
     __slots__ = ("session_id", "tree_id", "parent", "edge", "depth", "tree", "plan", "fork_tokens",
-                 "ended_children", "waiter", "root")
+                 "ended_children", "waiter", "root", "held", "calls_open")
 
     def __init__(self, plan: SessionPlan, tree_id: int, parent: Optional["TreeSession"],
                  edge: tuple, depth: int, fork_tokens: int, root: Optional["_TreeState"]) -> None:
@@ -53,6 +53,10 @@ class TreeSession:
         self.ended_children: list[list[int]] = [[] for _ in self.tree.branches]  # child indices, in end order
         self.waiter = None  # a future the session awaits at a join
         self.root = root
+        # of its first prompt, what an infinite cache holds before it is sent: a fork's inherited
+        # tokens but the parent's last output token, which the parent never fed back
+        self.held = max(fork_tokens - 1, 0)
+        self.calls_open = 0  # its parallel calls still running (leaves: edge (-1, k))
 
     @property
     def forked_from(self) -> Optional["TreeSession"]:
@@ -77,18 +81,17 @@ class TreeSession:
         return head + [(math.inf, ("own", self.session_id))]
 
     def held_tokens(self) -> int:
-        """Of the first prompt, what an infinite cache holds before it is sent: a fork's inherited
-        tokens but the parent's last output token, which the parent never fed back."""
-        return max(self.fork_tokens - 1, 0)
+        return self.held
 
 
 class _TreeState:
-    __slots__ = ("num_started", "num_open", "index")
+    __slots__ = ("num_started", "num_open", "index", "next_call")
 
     def __init__(self, index: dict) -> None:
         self.num_started = 1
         self.num_open = 1
         self.index = index  # path -> place in the walk
+        self.next_call = len(index)  # parallel calls take the places after the walk's, as they are sent
 
 
 class TreeRuntime:
@@ -121,6 +124,8 @@ class TreeRuntime:
         branches after it; if the next turn joins branches, wait for them. Returns the tokens the
         joins append to the next prompt."""
         tree = node.tree
+        if node.calls_open:  # the turn ends when its parallel calls have ended
+            await self._wait(node, lambda: not node.calls_open)
         for b, branch in enumerate(tree.branches):
             if branch.after_turn == turn:
                 self._spawn(node, b, context_after)
@@ -129,19 +134,55 @@ class TreeRuntime:
             if branch.join_turn != turn + 1:
                 continue
             ended = node.ended_children[b]
-            while len(ended) < branch.num_awaited:
-                node.waiter = self.clock.create_future()
-                self.counts.thinking += 1
-                if self.gateway is not None:
-                    self.gateway.join_started(node.session_id)
-                await node.waiter
-                if self.gateway is not None:
-                    self.gateway.join_ended(node.session_id)
-                self.counts.thinking -= 1
+            await self._wait(node, lambda: len(ended) >= branch.num_awaited)
             joined += branch.join_tokens(list(ended))
         if joined:
             self.recorder.tree_joined(node.session_id, turn + 1, joined)
         return joined
+
+    async def _wait(self, node: TreeSession, done: Callable[[], bool]) -> None:
+        """Until ``done()``, re-checked whenever one of ``node``'s children or calls ends."""
+        while not done():
+            node.waiter = self.clock.create_future()
+            self.counts.thinking += 1
+            if self.gateway is not None:
+                self.gateway.join_started(node.session_id)
+            await node.waiter
+            if self.gateway is not None:
+                self.gateway.join_ended(node.session_id)
+            self.counts.thinking -= 1
+
+    def send_parallel(self, node: TreeSession, turn: int, prompt_tokens: int) -> None:
+        """Turn ``turn``'s parallel calls, sent now with its own call: each a one-turn session whose
+        prompt is this turn's prompt followed by its tail (a fork of the prompt, not of the response)."""
+        for calls in node.tree.parallel:
+            if calls.turn != turn:
+                continue
+            state = node.root
+            for tail, output in zip(calls.tail_tokens, calls.output_tokens):
+                shape = node.plan.shape
+                leaf = SessionShape(f"{shape.kind}/call", prompt_tokens + tail, (output,), (), (),
+                                    shape.shared_prefix_tokens, shape.prefix_key)
+                sid = CHILD_ID_BASE + node.tree_id * MAX_TREE_SESSIONS + state.next_call
+                state.next_call += 1
+                if state.next_call > MAX_TREE_SESSIONS:
+                    raise ValueError(f"tree {node.tree_id}: more than {MAX_TREE_SESSIONS} sessions and calls")
+                self._start(node, SessionPlan(sid, self.clock.now(), leaf, is_trigger=node.plan.is_trigger,
+                                              token_key=node.plan.token_key, tree=Tree(leaf)),
+                            (-1, turn), prompt_tokens)
+                self.sessions[sid].held = prompt_tokens  # the turn's own call, just sent, holds all it shares
+                node.calls_open += 1
+
+    def _start(self, parent: TreeSession, plan: SessionPlan, edge: tuple, fork_tokens: int) -> None:
+        kid = TreeSession(plan, parent.tree_id, parent, edge, parent.depth + 1, fork_tokens, parent.root)
+        self.sessions[plan.session_id] = kid
+        self.recorder.tree_session(plan.session_id, parent.session_id, parent.tree_id, kid.depth)
+        state = parent.root
+        state.num_started += 1
+        state.num_open += 1
+        if self.tree_policy == "trees" and self.gateway is not None:
+            self.gateway.admit_on_arrival.add(plan.session_id)
+        self.clock.call_at(plan.arrival_s, self.start, plan)
 
     def _spawn(self, node: TreeSession, b: int, context_after: int) -> None:
         branch = node.tree.branches[b]
@@ -154,21 +195,17 @@ class TreeRuntime:
                                token_key=node.plan.token_key, tree=child.tree)
             # a fork inherits the context as it is now (a quorum join may have appended less than drawn)
             fork_tokens = min(context_after, child.tree.prompt_tokens(0)) if branch.mode == FORK else 0
-            kid = TreeSession(plan, node.tree_id, node, (b, c), node.depth + 1, fork_tokens, state)
-            self.sessions[sid] = kid
-            self.recorder.tree_session(sid, node.session_id, node.tree_id, kid.depth)
-            state.num_started += 1
-            state.num_open += 1
-            if self.tree_policy == "trees" and self.gateway is not None:
-                self.gateway.admit_on_arrival.add(sid)
-            self.clock.call_at(plan.arrival_s, self.start, plan)
+            self._start(node, plan, (b, c), fork_tokens)
 
     def ended(self, node: TreeSession) -> None:
         """``node``'s session has ended (its last turn, or a turn that failed)."""
         parent = node.parent
         if parent is not None:
             b, c = node.edge
-            parent.ended_children[b].append(c)
+            if b < 0:  # a parallel call
+                parent.calls_open -= 1
+            else:
+                parent.ended_children[b].append(c)
             waiter = parent.waiter
             if waiter is not None and not waiter.done():
                 parent.waiter = None

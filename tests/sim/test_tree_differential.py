@@ -121,6 +121,7 @@ def _same(fast, ref) -> None:
 @pytest.mark.parametrize("preset, params", [
     ("tree-search", {"refork_probability": 0.6}),
     ("orchestrator-workers", {"wait_for_fraction": 0.6, "start_delay_mean_s": 0.5, "fan_out_mean": 3.0}),
+    ("parallel-tools", {"parallel_probability": 0.6, "agent": {"num_turns_mean": 6.0}}),
 ])
 def test_tree_runs_hit_what_the_reference_engines_hit(flavor, preset, params, monkeypatch):
     spec = tree_spec(preset, flavor, pool_tokens=60_000, params=params)

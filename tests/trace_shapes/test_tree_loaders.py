@@ -231,9 +231,7 @@ def _spec(path, format, **overrides):
     return parse_spec(data)
 
 
-def test_a_spec_refuses_trees_it_cannot_run_and_runs_linear_sessions(tmp_path):
-    with pytest.raises(SpecError, match="make parallel calls, which are not yet replayed"):
-        _spec(TREES / "tree.jsonl", "tree")
+def test_a_spec_runs_linear_sessions_of_a_tree_format(tmp_path):
     linear = tmp_path / "linear.jsonl"
     linear.write_text('{"calls": [[500, 20, null], [600, 30, 1.5]]}\n{"calls": [[400, 10, null]]}\n')
     spec = _spec(linear, "tree", duration_s=300)
@@ -243,13 +241,28 @@ def test_a_spec_refuses_trees_it_cannot_run_and_runs_linear_sessions(tmp_path):
     assert turns and {t["prompt_tokens"] for t in turns} <= {500, 600, 400}
 
 
-def test_loadgen_validate_exits_2_on_a_spec_with_trees_it_cannot_run(tmp_path):
+def test_loadgen_validate_exits_2_on_trees_on_a_live_engine(tmp_path):
     data = make_spec_dict()
+    data["engine"] = {"kind": "openai", "url": "http://127.0.0.1:9/v1", "model": "m"}
     data["workload"]["sessions"] = {"kind": "trace_file", "path": str(TREES / "tree.jsonl"), "format": "tree"}
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(json.dumps(data))
     proc = _loadgen("validate", str(spec_path))
-    assert proc.returncode == 2 and "not yet replayed" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "session trees run on the simulated engine" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_the_generic_tree_format_replays_branches_and_parallel_calls(tmp_path):
+    spec = _spec(TREES / "tree.jsonl", "tree", duration_s=200, seeds=[1], arms=[{"name": "base"}],
+                 workload={"arrival_rate_per_s": 0.02})
+    run_simulated(spec, RunKey("base", 1), tmp_path)
+    turns = pq.read_table(tmp_path / "runs/base-s1/turns.parquet").to_pandas()
+    orch = load_trees(TREES / "tree.jsonl", "tree").trees[0]
+    calls = turns[turns.session_kind.str.endswith("/call")]
+    # the orchestrator's call 2 makes two more calls: its prompt (4600) plus tails 120 and 90
+    assert set(calls.prompt_tokens) >= {4600 + 120, 4600 + 90}
+    forked = turns[(turns.depth == 1) & (turns.prompt_tokens == 4600) & (turns.turn_index == 0)]
+    assert len(forked) >= 1 and (forked.cached_tokens >= (orch.context_after(1) - 1) // 16 * 16 - 16).all()
 
 
 def test_a_recorded_tree_replays_as_a_tree(tmp_path):

@@ -64,13 +64,14 @@ def test_a_fork_child_is_raised_to_what_it_inherits():
     assert tree.branches[0].children[0].tree.node.initial_tokens == 1200  # 1100 + 100 inherited
 
 
-def test_a_pool_of_trees_refuses_parallel_calls_and_keeps_trees_whose_root_fits():
+def test_a_pool_of_trees_keeps_trees_whose_root_fits_and_their_parallel_calls_before_the_cut():
     from trace_shapes import ParallelCalls
 
     fits = _tree()
     too_long = Tree(_rec("big", [50_000], [10], []))
     replay = build_tree_replay([fits, too_long], ReplayOptions(10_000), ExponentialGaps(1.0))
     assert replay.trees == (fits,) and replay.stats.num_dropped_sessions == 1
-    parallel = Tree(_rec("p", [100], [10], []), (), (ParallelCalls(0, (5,), (5,)),))
-    with pytest.raises(ValueError, match="parallel calls, which are not yet replayed"):
-        build_tree_replay([fits, parallel], ReplayOptions(10_000), ExponentialGaps(1.0))
+    parallel = Tree(_rec("p", [100, 300], [10, 10], [1.0]), (),
+                    (ParallelCalls(0, (5,), (5,)), ParallelCalls(1, (7,), (7,))))
+    tree = replay_tree(parallel, ReplayOptions(200), None, np.random.default_rng(0))
+    assert [p.turn for p in tree.parallel] == [0]  # call 1 (300 + 10) is cut, its calls with it

@@ -13,8 +13,7 @@ from trace_shapes.tree_presets import TREE_PRESETS, AgentShape
 
 from .base import _Model
 
-# parallel calls (the parallel-tools preset) are drawn and described, not yet run
-RUNNABLE_PRESETS = ("orchestrator-workers", "tree-search")
+RUNNABLE_PRESETS = ("orchestrator-workers", "tree-search", "parallel-tools")
 
 
 class TreeSessionSpec(_Model):
@@ -29,10 +28,6 @@ class TreeSessionSpec(_Model):
     @field_validator("preset")
     @classmethod
     def _runnable(cls, value: str) -> str:
-        if value == "parallel-tools":
-            raise ValueError("parallel-tools is not yet runnable: parallel calls are drawn and described "
-                             "(`loadgen shapes describe parallel-tools`) but the runner does not send them; "
-                             f"runnable presets: {list(RUNNABLE_PRESETS)}")
         if value not in RUNNABLE_PRESETS:
             raise ValueError(f"unknown tree preset {value!r}; runnable presets: {list(RUNNABLE_PRESETS)}")
         return value
