@@ -125,7 +125,7 @@ class TraceFileSessionSpec(_ReplaySessionSpec):
                          "aiperf: AIPerf multi-turn inputs; calls: one call a row, generic "
                          "(trace_shapes/loaders.py). Session trees (trace_shapes/tree_loaders.py): dag_jsonl "
                          "(AIPerf), weka (sub-agent records), guidellm (branches), tree (generic); a file whose "
-                         "sessions branch is refused (trees are not yet runnable), one of linear sessions runs.")
+                         "sessions branch replays its trees (docs/trace-shapes.md#running-trees).")
     system_prompt_tokens: int = Field(
         0, ge=0, description="Tokens of every session's initial context shared by all sessions (the system "
                              "prompt), for sessions whose trace does not record what they share (mooncake and "
