@@ -208,15 +208,20 @@ def test_bad_tree_specs_exit_2_naming_the_field(tmp_path, sessions, engine, mess
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_trees_refuse_a_live_engine(tmp_path):
-    data = {"experiment": "t", "duration_s": 60, "seeds": [1],
-            "engine": {"kind": "openai", "url": "http://127.0.0.1:9/v1", "model": "m"},
+@pytest.mark.parametrize("engine, message", [
+    ({"kind": "openai", "url": "http://127.0.0.1:9/v1", "api": "chat"}, "engine.api: session trees replay live with"),
+    ({"kind": "openai", "url": "http://127.0.0.1:9/v1", "gateway": {}}, "engine.gateway: session trees do not run"),
+    ({"kind": "serve_sim"}, "engine.kind: session trees replay live against an endpoint"),
+])
+def test_trees_refuse_the_live_paths_they_do_not_run_on(tmp_path, engine, message):
+    data = {"experiment": "t", "duration_s": 60, "seeds": [1], "engine": engine,
             "workload": {"arrival_rate_per_s": 0.1, "sessions": {"kind": "tree", "preset": "tree-search"}},
             "arms": [{"name": "a"}]}
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(data))
     proc = subprocess.run([sys.executable, "-m", "loadgen.cli", "validate", str(path)], capture_output=True, text=True)
-    assert proc.returncode == 2 and "session trees run on the simulated engine" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def _fuzzed_trees(seed: int, num_trees: int = 14):

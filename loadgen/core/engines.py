@@ -29,6 +29,8 @@ class TurnRequest:
     # prompt_tokens stays the planned length, which that text is built to
     prompt_content: Optional[Union[str, list]] = None
     final: bool = False  # the session's last turn (a gateway in front of the engine ends the session after it)
+    # a session tree's child: the session that spawned or forked it (live: x-dynamo-parent-session-id)
+    parent_session_id: Optional[int] = None
 
 
 @dataclass(frozen=True)

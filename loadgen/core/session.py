@@ -220,6 +220,8 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
             tokens = (make_context(shape, plan.token_key, sid) if make_context is not None
                       else TokenContext(shape, plan.token_key, sid))
             await tokens.start()
+        if node is not None:  # a fork's or a parallel call's prompt begins with its parent's exact ids
+            env.trees.context_started(node, tokens)
     # A gate in another process (actors.fleet.RemoteGate) cannot answer on the spot: it returns
     # an awaitable of the answer (None: go; else a future to await), one round trip per turn.
     gate_answers_later = getattr(gateway, "answers_later", False)
@@ -258,7 +260,8 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
         output = shape.output_tokens[k]
         request = TurnRequest(sid, k, context, output, shape.shared_prefix_tokens, shape.prefix_key,
                               tokens.ids if tokens is not None else None,
-                              tokens.content if tokens is not None else None, final=k == num_turns - 1)
+                              tokens.content if tokens is not None else None, final=k == num_turns - 1,
+                              parent_session_id=node.parent_id if node is not None else None)
         prefix = (shape.prefix_key, shape.shared_prefix_tokens)
         cacheable = max(held_tokens, shape.shared_prefix_tokens if prefix in env.sent_prefixes else 0)
         env.sent_prefixes.add(prefix)
@@ -294,7 +297,8 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
         # the engine's service time of the attempt that answered: what the gateway's policy reads
         gateway.turn_completed(sid, result.finish_s - sent)
         # a tree's turn starts its branches; the next may wait for them and append their results
-        joined = await env.trees.turn_done(node, k, context + output) if node is not None else 0
+        joined = (await env.trees.turn_done(node, k, context + output, result.output_token_ids)
+                  if node is not None else 0)
         if k == num_turns - 1:
             break
         growth = shape.growth_tokens[k] + joined

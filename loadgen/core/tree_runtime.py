@@ -38,7 +38,7 @@ class TreeSession:
     """One session of a running tree."""
 
     __slots__ = ("session_id", "tree_id", "parent", "edge", "depth", "tree", "plan", "fork_tokens",
-                 "ended_children", "waiter", "root", "held", "calls_open")
+                 "ended_children", "waiter", "root", "held", "calls_open", "tokens", "fork_ids")
 
     def __init__(self, plan: SessionPlan, tree_id: int, parent: Optional["TreeSession"],
                  edge: tuple, depth: int, fork_tokens: int, root: Optional["_TreeState"]) -> None:
@@ -57,6 +57,12 @@ class TreeSession:
         # tokens but the parent's last output token, which the parent never fed back
         self.held = max(fork_tokens - 1, 0)
         self.calls_open = 0  # its parallel calls still running (leaves: edge (-1, k))
+        self.tokens = None  # its token ids (live runs: loadgen/core/session.py TokenContext)
+        self.fork_ids: Optional[list] = None  # live: the parent's ids it begins with, taken when it forks
+
+    @property
+    def parent_id(self) -> Optional[int]:
+        return self.parent.session_id if self.parent is not None else None
 
     @property
     def forked_from(self) -> Optional["TreeSession"]:
@@ -119,16 +125,28 @@ class TreeRuntime:
     def get(self, session_id: int) -> Optional[TreeSession]:
         return self.sessions.get(session_id)
 
-    async def turn_done(self, node: TreeSession, turn: int, context_after: int) -> int:
-        """Turn ``turn`` of ``node`` has its response (``context_after``: prompt + output): start the
-        branches after it; if the next turn joins branches, wait for them. Returns the tokens the
-        joins append to the next prompt."""
+    def context_started(self, node: TreeSession, tokens) -> None:
+        """A live session's token ids: a fork's (or parallel call's) first ``fork_tokens`` are its
+        parent's, as the parent sent and received them, so a server's prefix cache can hit them:
+        a fork's were taken when it forked (the parent's prompt and the response's output ids), a
+        parallel call's are its turn's prompt (built before the call is sent)."""
+        node.tokens = tokens
+        if not node.fork_tokens or tokens is None:
+            return
+        ids = node.fork_ids if node.fork_ids is not None else node.parent.tokens.ids[:node.fork_tokens]
+        tokens.ids[:len(ids)] = ids
+
+    async def turn_done(self, node: TreeSession, turn: int, context_after: int,
+                        output_ids: Optional[list] = None) -> int:
+        """Turn ``turn`` of ``node`` has its response (``context_after``: prompt + output; live, the
+        output's ``output_ids``): start the branches after it; if the next turn joins branches, wait
+        for them. Returns the tokens the joins append to the next prompt."""
         tree = node.tree
         if node.calls_open:  # the turn ends when its parallel calls have ended
             await self._wait(node, lambda: not node.calls_open)
         for b, branch in enumerate(tree.branches):
             if branch.after_turn == turn:
-                self._spawn(node, b, context_after)
+                self._spawn(node, b, context_after, output_ids)
         joined = 0
         for b, branch in enumerate(tree.branches):
             if branch.join_turn != turn + 1:
@@ -184,7 +202,7 @@ class TreeRuntime:
             self.gateway.admit_on_arrival.add(plan.session_id)
         self.clock.call_at(plan.arrival_s, self.start, plan)
 
-    def _spawn(self, node: TreeSession, b: int, context_after: int) -> None:
+    def _spawn(self, node: TreeSession, b: int, context_after: int, output_ids: Optional[list]) -> None:
         branch = node.tree.branches[b]
         state = node.root
         now = self.clock.now()
@@ -196,6 +214,8 @@ class TreeRuntime:
             # a fork inherits the context as it is now (a quorum join may have appended less than drawn)
             fork_tokens = min(context_after, child.tree.prompt_tokens(0)) if branch.mode == FORK else 0
             self._start(node, plan, (b, c), fork_tokens)
+            if fork_tokens and node.tokens is not None:
+                self.sessions[sid].fork_ids = _fork_ids(node.tokens.ids, output_ids, context_after, fork_tokens)
 
     def ended(self, node: TreeSession) -> None:
         """``node``'s session has ended (its last turn, or a turn that failed)."""
@@ -214,6 +234,16 @@ class TreeRuntime:
         state.num_open -= 1
         if state.num_open == 0:
             self.recorder.tree_ended(node.tree_id, state.num_started, self.clock.now())
+
+
+def _fork_ids(prompt_ids: list, output_ids: Optional[list], context_after: int, fork_tokens: int) -> list:
+    """The ids a fork begins with: the parent's prompt and its response's output ids (only the
+    prompt when the server returned no output ids, which the parent then draws itself)."""
+    num_output = context_after - len(prompt_ids)
+    ids = list(prompt_ids)
+    if output_ids is not None and len(output_ids) == num_output:
+        ids += output_ids
+    return ids[:fork_tokens]
 
 
 def _path(node: TreeSession) -> tuple[int, ...]:

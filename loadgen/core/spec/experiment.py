@@ -251,8 +251,18 @@ def _check_trees(spec: "ExperimentSpec") -> None:
     if not any(draws_trees(s) for s in shapes):
         return
     if not isinstance(spec.engine, SimEngineSpec):
-        raise ValueError(f"workload.sessions: session trees run on the simulated engine (kind sim) only; live "
-                         f"replay of trees (engine kind {spec.engine.kind!r}) is not yet supported")
+        # live: token-id prompts, whose forks resend the parent's exact ids (loadgen/core/tree_runtime.py)
+        if spec.engine.api != "completions":
+            raise ValueError("engine.api: session trees replay live with api completions (token ids) only; "
+                             "api chat is not yet supported")
+        if spec.engine.gateway is not None:
+            raise ValueError("engine.gateway: session trees do not run behind the loadgen gateway proxy yet (its "
+                             "gate does not know which parents wait for their children)")
+        if spec.engine.kind != "openai":
+            raise ValueError(f"engine.kind: session trees replay live against an endpoint (kind openai, e.g. a "
+                             f"serve-sim or vLLM server you started); launched engines (kind {spec.engine.kind!r}, "
+                             f"sweeps and session fleets) do not run trees yet")
+        return
     for arm in spec.arms:
         ctl = spec.controller_for(arm)
         if ctl.scope == "replica" or ctl.name == "thunderagent":
