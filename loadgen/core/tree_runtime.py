@@ -12,6 +12,8 @@ sits idle in the cache) and keeps its place at the gateway, which knows it waits
 (``Gateway.join_started``: the liveness rule then treats it as unable to end a turn). With
 ``tree_policy: trees`` a child is admitted on arrival (the tree was admitted as a whole; the
 policy may still park it at a turn boundary); with ``sessions`` each child queues like a new session.
+A turn's parallel calls are one-turn sessions sent with the turn's own call, over its prompt; the
+turn ends when they all have.
 
 Identities: a child's session id is ``CHILD_ID_BASE + tree_id * MAX_TREE_SESSIONS + i``, where
 the tree id is the root's session id and ``i`` the child's place in the tree's walk (parents
