@@ -245,7 +245,8 @@ _KIND_TAGS = {"sim", "openai", "vllm", "sglang", "serve_sim", "synthetic", "sweb
 
 
 def _check_trees(spec: "ExperimentSpec") -> None:
-    """Session trees run in the simulator, without the CPU offload tier (loadgen/core/tree_engines.py)."""
+    """Where session trees run: the simulator (no CPU offload tier, a deployment-wide gate), or live
+    against an endpoint with token-id prompts (docs/trace-shapes.md#running-trees)."""
     shapes = [spec.workload.sessions] + [t.sessions for a in spec.arms for t in a.triggers
                                          if isinstance(t, MixShiftTrigger)]
     if not any(draws_trees(s) for s in shapes):

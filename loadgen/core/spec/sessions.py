@@ -12,7 +12,6 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from trace_shapes import (TREE_FORMATS, EmpiricalGaps, ExponentialGaps, GapFallback, GeneratedReplay, LoadedTrace,
                           LoadedTrees, LoaderOptions, ReplayOptions, TraceLabLikeSessions, TraceReplay, build_replay,
                           load_hf, load_swebench, load_trace, load_trees, select_models)
-
 from trace_shapes.tree_replay import LoadedTreeTrace, TreeReplay, build_tree_replay
 
 from .base import _Model
@@ -267,11 +266,11 @@ def _cached_swebench() -> LoadedTrace:
 def _cached_trace(path: str, format: str, mtime_ns: int, size: int, options: LoaderOptions) -> LoadedTrace:
     # mtime and size are part of the key so that an edited file is read again
     if format in TREE_FORMATS:
-        return _linear_trees(load_trees(path, format, options))
+        return _tree_trace(load_trees(path, format, options))
     return load_trace(path, format, options)
 
 
-def _linear_trees(loaded: LoadedTrees) -> LoadedTrace:
+def _tree_trace(loaded: LoadedTrees) -> LoadedTrace:
     """The sessions of a tree-format file: a plain trace when they are all linear, else its trees
     (replayed as trees, trace_shapes/tree_replay.py), never flattened into linear sessions."""
     roots = tuple(t.node for t in loaded.trees)
