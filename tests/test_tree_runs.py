@@ -311,3 +311,12 @@ def test_parallel_calls_go_with_their_turn_fork_its_prompt_and_the_turn_waits_fo
     # the next turn's think time starts when the last call has ended
     assert root.ready_s[2] == pytest.approx(max(calls.finish_s.max(), root.finish_s[1]) + 2.0)
     assert root.prompt_tokens[2] == root.prompt_tokens[1] + 100 + 200  # the calls add nothing to the context
+
+
+def test_the_html_report_of_a_tree_run_shows_its_tasks(tmp_path):
+    from loadgen.analysis.html_report import write_results_html
+    from loadgen.analysis.summary import summarize
+
+    run_simulated(tree_spec("orchestrator-workers"), RunKey("base", 3), tmp_path)
+    page = write_results_html(tmp_path, summarize(tmp_path), []).read_text()
+    assert "<h2>Tasks (session trees)</h2>" in page and "hit after join" in page
