@@ -69,7 +69,7 @@ def test_spawned_workers_share_only_their_system_prompt():
     assert (first.cached_tokens == 1488).mean() > 0.8
 
 
-def run_hand_trees(plans, engine_config=None, policy=None, tree_policy="sessions"):
+def run_hand_trees(plans, engine_config=None, policy=None, tree_policy="sessions", engine_factory=None):
     """Run ``plans`` (hand-made trees) until no event is left, on one simulated engine behind
     ``policy`` (a limit; none by default); the tables."""
     from controllers import make_policy
@@ -85,8 +85,9 @@ def run_hand_trees(plans, engine_config=None, policy=None, tree_policy="sessions
 
     clock = VirtualClock()
     config = engine_config or EngineConfig(num_blocks=50_000)
-    engine = SimEngineClient(clock, config, COST)
-    recorder = RunRecorder(None, "hand", "base", 0, 1e9, tree_columns=True)
+    engine = engine_factory(clock) if engine_factory else SimEngineClient(clock, config, COST)
+    recorder = RunRecorder(None, "hand", "base", 0, 1e9, tree_columns=True,
+                           replica_columns=engine_factory is not None)
     env = RunEnv(clock, engine, Gateway(clock, policy or make_policy("none"), engine.pool_tokens), recorder)
     env.trees = start_trees(env, plans, lambda plan: _start_session(clock, plan, env), tree_policy)
     for plan in plans:
@@ -320,3 +321,33 @@ def test_the_html_report_of_a_tree_run_shows_its_tasks(tmp_path):
     run_simulated(tree_spec("orchestrator-workers"), RunKey("base", 3), tmp_path)
     page = write_results_html(tmp_path, summarize(tmp_path), []).read_text()
     assert "<h2>Tasks (session trees)</h2>" in page and "hit after join" in page
+
+
+def test_on_a_deployment_a_fork_away_from_its_parent_misses_by_routing():
+    """MissLedger counts a fork's inherited tokens as held on its parent's replica: a child routed
+    elsewhere misses them by routing, not as the workload's."""
+    from routers import make_router
+
+    from loadgen.core.clock import VirtualClock
+    from loadgen.core.deployment import DeploymentClient
+    from loadgen.core.engines import SimEngineClient
+    from loadgen.sim import EngineConfig
+
+    from .sim.conftest import COST
+
+    fork = Tree(_shape(3100 + 50, 1, shared=1000))
+    tree = Tree(_shape(3000, 2, think_s=30.0, shared=1000), (Branch(0, FORK, (Child(fork, 1.0), Child(fork, 1.0))),))
+    def deployment(clock):
+        replicas = [SimEngineClient(clock, EngineConfig(num_blocks=50_000), COST) for _ in range(2)]
+        return DeploymentClient(replicas, make_router("round_robin"), 0, 16)
+
+    tables = run_hand_trees([SessionPlan(0, 0.0, tree.node, tree=tree)], engine_factory=deployment)
+    turns = tables["turns"].set_index(["session_id", "turn_index"])
+    parent_replica = turns.replica[(0, 0)]
+    for sid in (CHILD_ID_BASE + 1, CHILD_ID_BASE + 2):
+        row = turns.loc[(sid, 0)]
+        if row.replica == parent_replica:
+            assert row.cached_tokens == (3100 - 1) // 16 * 16 and row.miss_routing_tokens == 0
+        else:  # all it inherits sat on the parent's replica: a routing miss
+            assert row.miss_routing_tokens == (3100 - 1) // 16 * 16 - row.cached_tokens > 0
+    assert len(set(turns.replica[[(CHILD_ID_BASE + 1, 0), (CHILD_ID_BASE + 2, 0)]])) == 2

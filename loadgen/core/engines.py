@@ -29,8 +29,10 @@ class TurnRequest:
     # prompt_tokens stays the planned length, which that text is built to
     prompt_content: Optional[Union[str, list]] = None
     final: bool = False  # the session's last turn (a gateway in front of the engine ends the session after it)
-    # a session tree's child: the session that spawned or forked it (live: x-dynamo-parent-session-id)
+    # a session tree's child: the session that spawned or forked it (live: x-dynamo-parent-session-id),
+    # and the tokens of the parent's context its prompts begin with (a fork's, a parallel call's)
     parent_session_id: Optional[int] = None
+    inherited_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -261,7 +261,8 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
         request = TurnRequest(sid, k, context, output, shape.shared_prefix_tokens, shape.prefix_key,
                               tokens.ids if tokens is not None else None,
                               tokens.content if tokens is not None else None, final=k == num_turns - 1,
-                              parent_session_id=node.parent_id if node is not None else None)
+                              parent_session_id=node.parent_id if node is not None else None,
+                              inherited_tokens=node.fork_tokens if node is not None else 0)
         prefix = (shape.prefix_key, shape.shared_prefix_tokens)
         cacheable = max(held_tokens, shape.shared_prefix_tokens if prefix in env.sent_prefixes else 0)
         env.sent_prefixes.add(prefix)
