@@ -164,3 +164,21 @@ def test_drain_example_fits_the_cold_turn_and_orders_the_drift_by_rate(tmp_path)
     assert [runs[a]["rate_after_change_per_s"] for a in drops] == [0.006, 0.010, 0.014, 0.018]
     drift = [runs[a]["cold_work_drift_s_per_h"] for a in drops]
     assert drift[0] < 0 and drift[0] < drift[-1]
+
+
+def test_subagents_example_pairs_the_main_example_with_trees_and_runs_shortened(tmp_path):
+    """examples/subagents-paired.yaml: the main example's engine, rate and burst, tasks drawn as
+    orchestrator-workers trees, none vs budgeter (tree_policy trees); its first seed, cut to 25
+    minutes, runs every arm and reports its tasks."""
+    main = load_spec(EXAMPLES / "paired-burst.yaml")
+    spec = load_spec(EXAMPLES / "subagents-paired.yaml")
+    assert spec.engine == main.engine and spec.seeds == main.seeds and spec.duration_s == main.duration_s
+    assert spec.workload.arrival_rate_per_s == main.workload.arrival_rate_per_s
+    assert spec.arm("burst").triggers == main.arm("burst").triggers == spec.arm("burst-budgeter").triggers
+    assert {spec.controller_for(a).name for a in spec.arms} == {"none", "budgeter"}
+    spec = spec.model_copy(update={"duration_s": 1500.0})
+    results = run_experiment(spec, tmp_path, run_keys(spec, [spec.seeds[0]]))
+    assert [r["status"] for r in results] == ["completed"] * len(spec.arms)
+    rows = summarize(tmp_path)["trees_by_arm"]
+    assert [r["arm"] for r in rows] == [a.name for a in spec.arms]
+    assert all(r["trees_ended"] > 10 and r["sessions_per_tree_mean"] > 3 for r in rows)

@@ -36,3 +36,12 @@ def test_the_recorder_writes_the_documented_schema(table, documented):
 def test_every_column_is_described_in_the_results_format_doc(table):
     schema = {**TABLES, **OPTIONAL_TABLES}[table]
     assert set(schema.names) - documented_columns(table) == set()
+
+
+def test_the_tree_columns_are_described_in_the_results_format_doc():
+    from loadgen.core.recording import TREE_FIELDS, TREE_ROOT_FIELDS, TREE_TURN_FIELDS
+
+    text = DOC.read_text()
+    section = text[text.index("## Session trees\n"):]
+    for name, _ in TREE_FIELDS + TREE_ROOT_FIELDS + TREE_TURN_FIELDS:
+        assert f"| {name} |" in section, name

@@ -13,8 +13,8 @@ def _tokens_share(part: int, whole: int) -> str:
     return f"{part:,} of {whole:,} ({100 * part / whole:.1f}%)" if whole else f"{part:,} of 0"
 from .tree import FORK, RecordedTree
 
-NOT_RUNNABLE = ("session trees are not replayed yet (the runner runs linear sessions); a spec with trees is "
-                "refused")
+REPLAY_NOTE = ("trees replay as trees in the simulator (docs/trace-shapes.md#running-trees), each session "
+                "with the linear replay's treatments; live replay of trees is refused")
 
 
 def shared_prefix_tokens(trees: Sequence[RecordedTree]) -> dict[str, int]:
@@ -96,6 +96,6 @@ def format_tree_description(description: dict[str, Any], notes: Optional[Sequenc
         f"parallel calls {_fmt(shared['parallel'], '')})",
         "recorded (every session of every tree):",
         *recorded_lines(rec),
-        f"  note: {NOT_RUNNABLE}",
+        f"  note: {REPLAY_NOTE}",
     ]
     return "\n".join(lines)

@@ -96,6 +96,11 @@ def write_results_html(results_dir: Path, summary: dict, figure_paths: Sequence[
     recovery = format_recovery_table(summary)
     if recovery:
         sections += ["<h2>Recovery</h2>", _pre(recovery)]
+    from .trees import format_trees_table
+
+    trees = format_trees_table(summary)  # runs of session trees only
+    if trees:
+        sections += ["<h2>Tasks (session trees)</h2>", _pre(trees)]
     sections += ["<h2>Per-seed pairs</h2>", _figures(pairs) or "<p>No seed ran in two arms.</p>",
                  "<h2>Figures</h2>", _figures(others),
                  "<h2>Spec</h2>", _pre(spec.read_text()) if spec.is_file() else "<p>No spec.yaml.</p>"]

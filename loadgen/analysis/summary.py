@@ -12,6 +12,7 @@ from ..core.recording import PARTS_DIR
 from ..core.same_spec import describe_differences, spec_differences
 from .drain import cold_turn_fit, drain_fields
 from .latency import latency_by_arm
+from .trees import trees_by_arm
 from .outcomes import run_outcome
 from .paired import paired_comparisons
 from .recovery import has_control, recovery_table
@@ -100,7 +101,7 @@ def summarize(results_dir: str | os.PathLike) -> dict:
         pairs: dict = {"baseline_arm": None, "comparisons": []}
     else:
         pairs = paired_comparisons(outcomes, baseline_arm)
-    return {
+    summary = {
         "experiment": _experiment_name(run_jsons),
         "runs": outcomes,
         "pairs": pairs,
@@ -111,6 +112,10 @@ def summarize(results_dir: str | os.PathLike) -> dict:
         "unreadable_runs": unreadable_runs,
         "cold_turn_fit": fit,
     }
+    trees = trees_by_arm(completed, arms)  # only for runs of session trees (loadgen.analysis.trees)
+    if trees is not None:
+        summary["trees_by_arm"] = trees
+    return summary
 
 
 def _check_one_spec(results_dir: Path, runs: Sequence[RunData]) -> None:

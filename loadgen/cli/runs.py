@@ -283,6 +283,11 @@ def _report(out: Path, console, figures: bool = True, num_workers: int = 1) -> l
     latency = format_latency_table(summary)
     if latency:
         print("\n" + latency, flush=True)
+    from ..analysis.trees import format_trees_table
+
+    trees = format_trees_table(summary)  # only for runs of session trees
+    if trees:
+        print("\n" + trees, flush=True)
     written = write_missing_windows(out, summary)
     if written:
         console.print(f"windows.parquet written for {len(written)} runs that lacked it")

@@ -47,6 +47,9 @@ class MissLedger:
 
     def _ideal(self, replica: int, request: TurnRequest) -> int:
         held = self._held[replica].get(request.session_id, 0)
+        if request.inherited_tokens:  # a tree's fork or parallel call: its parent's context, as far as it goes
+            parent = self._held[replica].get(request.parent_session_id, 0)
+            held = max(held, min(request.inherited_tokens, parent))
         if request.shared_prefix_tokens and (request.prefix_key, request.shared_prefix_tokens) in self._prefixes[replica]:
             held = max(held, request.shared_prefix_tokens)
         return held

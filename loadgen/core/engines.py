@@ -29,6 +29,10 @@ class TurnRequest:
     # prompt_tokens stays the planned length, which that text is built to
     prompt_content: Optional[Union[str, list]] = None
     final: bool = False  # the session's last turn (a gateway in front of the engine ends the session after it)
+    # a session tree's child: the session that spawned or forked it (live: x-dynamo-parent-session-id),
+    # and the tokens of the parent's context its prompts begin with (a fork's, a parallel call's)
+    parent_session_id: Optional[int] = None
+    inherited_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ class SimEngineClient:
         self._timer = None
         self._armed_at: Optional[float] = None
         self._seq = 0
+        self.placer = None  # where a session tree's requests run (set by loadgen/core/tree_engines.py)
 
     async def generate(self, request: TurnRequest,
                        on_first_token: Optional[Callable[[float], None]] = None) -> TurnResult:
@@ -100,9 +105,12 @@ class SimEngineClient:
         reason = engine.validate(request.prompt_tokens, request.max_tokens)
         if reason is not None:
             return TurnResult(now, float("nan"), now, request.prompt_tokens, 0, 0, error=reason)
-        prefix = (engine.prefix_stream(request.prefix_key, request.shared_prefix_tokens)
-                  if request.shared_prefix_tokens >= engine.block_size else None)
-        stream = engine.stream(request.session_id, request.shared_prefix_tokens if prefix is not None else 0)
+        if self.placer is not None:  # a session tree's (loadgen/core/tree_engines.py)
+            prefix, stream = self.placer.streams(request)
+        else:
+            prefix = (engine.prefix_stream(request.prefix_key, request.shared_prefix_tokens)
+                      if request.shared_prefix_tokens >= engine.block_size else None)
+            stream = engine.stream(request.session_id, request.shared_prefix_tokens if prefix is not None else 0)
         fut = self.clock.create_future()
         self._seq += 1
         req = SimRequest(self._seq, stream, request.prompt_tokens, request.max_tokens, prefix=prefix,

@@ -46,6 +46,10 @@ class Gateway:
         self.demand_tokens = 0  # D over active sessions
         self.parked: deque = deque()  # (session, demand, future)
         self.waiting_new: deque = deque()
+        # session trees (docs/trace-shapes.md#trees-and-the-gateway): admitted parents waiting at a
+        # join, and children admitted on arrival without asking the policy (tree_policy trees)
+        self.joining: set = set()
+        self.admit_on_arrival: set = set()
         if not self._uncontrolled:
             if control_start_s <= clock.now():
                 self._switch_on()
@@ -80,7 +84,8 @@ class Gateway:
     # ---------------------------------------------------------------- session events
     def arrive(self, session: Any, demand_tokens: int) -> Optional[Any]:
         """A new session wants its first turn. None: go; else await the returned future."""
-        if self._uncontrolled:
+        if self._uncontrolled or session in self.admit_on_arrival:
+            self.admit_on_arrival.discard(session)
             self._activate(session, demand_tokens)
             return None
         policy = self._policy()
@@ -88,7 +93,7 @@ class Gateway:
         policy.on_turn_boundary(view, demand_tokens)
         # FIFO: nobody overtakes a queued session; the liveness rule admits into an empty gate.
         if not self.parked and not self.waiting_new and (
-                not self.active or policy.admit(view, demand_tokens, True)):
+                not self._progressing() or policy.admit(view, demand_tokens, True)):
             self._activate(session, demand_tokens)
             return None
         fut = self.clock.create_future()
@@ -109,7 +114,7 @@ class Gateway:
         self._deactivate(session)
         fut = self.clock.create_future()
         self.parked.append((session, demand_tokens, fut))
-        if not self.active:
+        if not self._progressing():
             self._readmit()  # liveness: nobody left to complete a turn and re-open the queues
         return fut
 
@@ -145,7 +150,22 @@ class Gateway:
                     return True
         return False
 
+    def join_started(self, session: Any) -> None:
+        """Admitted ``session`` waits for its children at a join: it ends no turn until they run.
+        Liveness (trees): when every admitted session waits at a join, the head of the queues is
+        admitted whatever the limit says, as when nobody is admitted."""
+        self.joining.add(session)
+        if not self._uncontrolled and not self._progressing():
+            self._readmit()
+
+    def join_ended(self, session: Any) -> None:
+        self.joining.discard(session)
+
     # ---------------------------------------------------------------- internals
+    def _progressing(self) -> bool:
+        """Some admitted session can end a turn (and so re-open the queues)."""
+        return len(self.active) > len(self.joining)
+
     def _activate(self, session: Any, demand_tokens: int) -> None:
         self.active[session] = demand_tokens
         self.demand_tokens += demand_tokens
@@ -158,7 +178,7 @@ class Gateway:
         while self.parked or self.waiting_new:
             queue = self.parked if self.parked else self.waiting_new
             session, demand, fut = queue[0]
-            if self.active and not policy.admit(self.view(), demand, queue is self.waiting_new):
+            if self._progressing() and not policy.admit(self.view(), demand, queue is self.waiting_new):
                 return
             queue.popleft()
             self._activate(session, demand)

@@ -49,6 +49,16 @@ DEPLOYMENT_TURN_FIELDS = [("replica", pa.int32()), ("miss_routing_tokens", pa.in
                           ("miss_eviction_tokens", pa.int64())]
 DEPLOYMENT_TURN_SCHEMA = pa.schema(list(TURN_SCHEMA) + [pa.field(n, t) for n, t in DEPLOYMENT_TURN_FIELDS])
 
+# added with session trees (docs/results-format.md#session-trees), only in runs whose workload is
+# trees (a run of linear sessions writes the tables it wrote before): the session that spawned or
+# forked this one (null for a tree's root), the tree (its root's session id) and the depth (0: root)
+TREE_FIELDS = [("parent_session_id", pa.int64()), ("tree_id", pa.int64()), ("depth", pa.int32())]
+# and on a root's sessions.parquet row: the sessions its tree started, and when the last of them
+# ended (null when some had not ended by the end of the run)
+TREE_ROOT_FIELDS = [("tree_num_sessions", pa.int32()), ("tree_finish_s", pa.float64())]
+# and on turns: the tokens this prompt appends from the children it waited for at a join (0: no join)
+TREE_TURN_FIELDS = [("joined_tokens", pa.int64())]
+
 SAMPLE_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("t_s", pa.float64()),
     ("sessions_in_system", pa.int64()), ("sessions_thinking", pa.int64()),
@@ -123,7 +133,7 @@ class RunRecorder:
     """Collects one run's turns and samples; writes them as the run goes."""
 
     def __init__(self, run_dir: Optional[Path], run_id: str, arm: str, seed: int, flush_interval_s: float,
-                 writer: Optional[Executor] = None, replica_columns: bool = False) -> None:
+                 writer: Optional[Executor] = None, replica_columns: bool = False, tree_columns: bool = False) -> None:
         # run_dir None keeps the rows in memory (``tables()``): `loadgen map` runs thousands of
         # runs and keeps only one outcome row each, so writing their Parquet would be waste.
         # ``writer``: writes the Parquet parts off the caller's thread (a live run's event loop,
@@ -148,9 +158,21 @@ class RunRecorder:
         self._writes: list[Future] = []
         # ``replica_columns``: turns get DEPLOYMENT_TURN_FIELDS (a run on a deployment)
         self.replica_columns = replica_columns
-        self._turns = _Columns(DEPLOYMENT_TURN_SCHEMA if replica_columns else TURN_SCHEMA)
+        turn_schema = DEPLOYMENT_TURN_SCHEMA if replica_columns else TURN_SCHEMA
+        session_schema = SESSION_SCHEMA
+        # ``tree_columns``: turns and sessions get TREE_FIELDS (a run of session trees); a root's
+        # sessions row waits for its tree to end (``tree_ended``) or for ``close``
+        self.tree_columns = tree_columns
+        self._tree_of: dict[int, tuple] = {}  # session id -> (parent, tree id, depth)
+        self._root_rows: dict[int, tuple] = {}  # tree id -> its root's row, until the tree ends
+        self._trees_ended: dict[int, tuple] = {}  # tree id -> (sessions, finish_s), until the root's row
+        self._joined: dict[tuple, int] = {}  # (session id, turn) -> tokens its joins append, until it succeeds
+        if tree_columns:
+            turn_schema = pa.schema(list(turn_schema) + [pa.field(n, t) for n, t in TREE_FIELDS + TREE_TURN_FIELDS])
+            session_schema = pa.schema(list(SESSION_SCHEMA) + [pa.field(n, t) for n, t in TREE_FIELDS + TREE_ROOT_FIELDS])
+        self._turns = _Columns(turn_schema)
         self._samples = _Columns(SAMPLE_SCHEMA)
-        self._sessions = _Columns(SESSION_SCHEMA)
+        self._sessions = _Columns(session_schema)
         self._replica_samples = _Columns(REPLICA_SAMPLE_SCHEMA)
         self._open_sessions: dict[int, _OpenSession] = {}
         self.turns_completed = 0
@@ -186,7 +208,34 @@ class RunRecorder:
         values = (self.run_id, self.arm, self.seed, session_id, session.is_trigger, session.kind,
                   session.num_turns, session.arrival_s, session.first_admit_s, finish_s,
                   session.turns_completed, session.num_parks, status, error)
+        if self.tree_columns:
+            values += self._tree_of.get(session_id, (None, session_id, 0))
+            if values[-1] == 0:  # a root: its row waits for its tree's completion
+                tree_id = values[-2]
+                ended = self._trees_ended.pop(tree_id, None)
+                if ended is None:
+                    self._root_rows[tree_id] = values
+                    return
+                values += ended
+            else:
+                values += (None, None)
         self._sessions.append(values)
+
+    def tree_session(self, session_id: int, parent_session_id: Optional[int], tree_id: int, depth: int) -> None:
+        """Session ``session_id`` belongs to tree ``tree_id`` (tree columns: its rows say so)."""
+        self._tree_of[session_id] = (parent_session_id, tree_id, depth)
+
+    def tree_joined(self, session_id: int, turn_index: int, joined_tokens: int) -> None:
+        """Turn ``turn_index`` of ``session_id`` appends ``joined_tokens`` of its children's results."""
+        self._joined[(session_id, turn_index)] = joined_tokens
+
+    def tree_ended(self, tree_id: int, num_sessions: int, finish_s: float) -> None:
+        """Every session of tree ``tree_id`` has ended, the last at ``finish_s``."""
+        row = self._root_rows.pop(tree_id, None)
+        if row is None:
+            self._trees_ended[tree_id] = (num_sessions, finish_s)
+        else:
+            self._sessions.append(row + (num_sessions, finish_s))
 
     def turn(self, session_id: int, turn_index: int, is_trigger: bool, kind: str, ready_s: float,
              admit_s: float, first_token_s: float, finish_s: float, prompt_tokens: int, cached_tokens: int,
@@ -207,6 +256,10 @@ class RunRecorder:
                   output_tokens if planned_output_tokens is None else planned_output_tokens)
         if self.replica_columns:
             values += (replica, miss_routing_tokens, miss_eviction_tokens)
+        if self.tree_columns:
+            joined = self._joined.get((session_id, turn_index), 0) if error is not None else \
+                self._joined.pop((session_id, turn_index), 0)
+            values += self._tree_of.get(session_id, (None, session_id, 0)) + (joined,)
         self._turns.append(values)
         if error is None:
             self.turns_completed += 1
@@ -258,6 +311,9 @@ class RunRecorder:
         for session_id, session in self._open_sessions.items():
             self._session_row(session_id, session, math.nan, "in_system")
         self._open_sessions.clear()
+        for row in self._root_rows.values():  # trees that had not ended: their root's row, no finish
+            self._sessions.append(row + (None, None))
+        self._root_rows.clear()
         self.flush()
         self._raise_failed_writes(wait=True)
         if self.run_dir is not None:
@@ -267,7 +323,7 @@ class RunRecorder:
         """An in-memory recorder's rows so far: turns, samples and sessions as written to disk."""
         if self._in_memory is None:
             raise ValueError("tables(): this recorder writes to its run directory")
-        empty = {**TABLES, "turns": self._turns.schema}
+        empty = {**TABLES, "turns": self._turns.schema, "sessions": self._sessions.schema}
         return {name: pa.concat_tables(parts) if parts else empty[name].empty_table()
                 for name, parts in self._in_memory.items() if name in TABLES or parts}
 

@@ -27,6 +27,7 @@ from .recording import RunRecorder, merge_parts, write_json_atomic
 from .program_gate import ProgramGate, UsageTap
 from .replica_gates import ReplicaGates
 from .session import RunEnv, run_session
+from .tree_engines import has_trees, start_trees
 from .spec import ExperimentSpec, FlushTrigger, SimEngineSpec
 from .workload import Stream, plan_sessions, rng_for
 
@@ -87,7 +88,7 @@ def run_simulated(spec: ExperimentSpec, key: RunKey, out_dir: Path, spec_dir: Op
         info["replicate"] = replicate
     write_json_atomic(run_dir / "run.json", info)
     recorder = RunRecorder(run_dir, key.run_id, key.arm, key.seed, spec.recording.flush_interval_s,
-                           replica_columns=engine_spec.replicas > 1)
+                           replica_columns=engine_spec.replicas > 1, tree_columns=has_trees(spec))
     try:
         counts = simulate(spec, key, recorder, spec_dir, replicate)
         recorder.close()
@@ -130,6 +131,8 @@ def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir:
     else:
         gateway = Gateway(clock, policy, engine.pool_tokens, ctl.start_s)
     env = RunEnv(clock, engine, gateway, recorder)
+    if any(plan.tree is not None for plan in plans):
+        env.trees = start_trees(env, plans, lambda plan: _start_session(clock, plan, env), ctl.tree_policy)
 
     for plan in plans:
         clock.call_at(plan.arrival_s, _start_session, clock, plan, env)

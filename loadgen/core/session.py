@@ -135,6 +135,8 @@ class RunEnv:
     # session id -> a future of its context, started before its arrival (text prompts, which take
     # a tokenizer's time to build: loadgen/live/runner.py builds them ahead so arrivals stay on time)
     ready_contexts: dict = field(default_factory=dict)
+    # the run's session trees (loadgen/core/tree_runtime.py), None in a run of linear sessions
+    trees: Optional[object] = None
 
 
 class _Progress:
@@ -201,6 +203,7 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
     clock, engine, gateway, recorder, counts = env.clock, env.engine, env.gateway, env.recorder, env.counts
     shape = plan.shape
     sid = plan.session_id
+    node = env.trees.get(sid) if env.trees is not None else None
     num_turns = shape.num_turns
     context = shape.initial_tokens
     demand = context + shape.output_tokens[0]
@@ -217,6 +220,8 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
             tokens = (make_context(shape, plan.token_key, sid) if make_context is not None
                       else TokenContext(shape, plan.token_key, sid))
             await tokens.start()
+        if node is not None:  # a fork's or a parallel call's prompt begins with its parent's exact ids
+            env.trees.context_started(node, tokens)
     # A gate in another process (actors.fleet.RemoteGate) cannot answer on the spot: it returns
     # an awaitable of the answer (None: go; else a future to await), one round trip per turn.
     gate_answers_later = getattr(gateway, "answers_later", False)
@@ -237,7 +242,7 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
         progress.counted_as = None
     recorder.session_admitted(sid, clock.now())
     # of the next prompt, what an infinite cache would hold from this session's earlier turns
-    held_tokens = 0
+    held_tokens = node.held_tokens() if node is not None else 0
     for k in range(num_turns):
         if k:
             ready = clock.now()
@@ -255,10 +260,14 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
         output = shape.output_tokens[k]
         request = TurnRequest(sid, k, context, output, shape.shared_prefix_tokens, shape.prefix_key,
                               tokens.ids if tokens is not None else None,
-                              tokens.content if tokens is not None else None, final=k == num_turns - 1)
+                              tokens.content if tokens is not None else None, final=k == num_turns - 1,
+                              parent_session_id=node.parent_id if node is not None else None,
+                              inherited_tokens=node.fork_tokens if node is not None else 0)
         prefix = (shape.prefix_key, shape.shared_prefix_tokens)
         cacheable = max(held_tokens, shape.shared_prefix_tokens if prefix in env.sent_prefixes else 0)
         env.sent_prefixes.add(prefix)
+        if node is not None and node.tree.parallel:  # more calls over this prompt, sent with it
+            env.trees.send_parallel(node, k, context)
         attempt = 0
         while True:
             attempt += 1
@@ -288,9 +297,12 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
             break  # the session cannot continue without this turn's output
         # the engine's service time of the attempt that answered: what the gateway's policy reads
         gateway.turn_completed(sid, result.finish_s - sent)
+        # a tree's turn starts its branches; the next may wait for them and append their results
+        joined = (await env.trees.turn_done(node, k, context + output, result.output_token_ids)
+                  if node is not None else 0)
         if k == num_turns - 1:
             break
-        growth = shape.growth_tokens[k]
+        growth = shape.growth_tokens[k] + joined
         # the engine computed this prompt and the output but its last token (never fed back)
         held_tokens = context + output - 1
         context += output + growth
@@ -314,6 +326,8 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
             progress.counted_as = None
     gateway.session_ended(sid)
     recorder.session_ended(sid, clock.now())
+    if node is not None:
+        env.trees.ended(node)
     counts.in_system -= 1
     counts.demand_tokens -= demand
     progress.demand_tokens = None

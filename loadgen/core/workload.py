@@ -27,10 +27,10 @@ from typing import Iterator, Optional, Union
 
 import numpy as np
 
-from trace_shapes import GeneratedReplay, SessionShape, SyntheticSessions, TraceReplay
+from trace_shapes import GeneratedReplay, SessionShape, SyntheticSessions, TraceReplay, Tree
 
 from .spec import (ArmSpec, BurstTrigger, ExperimentSpec, ExtraSessionsTrigger, MixShiftTrigger,
-                   RateChangeTrigger, SessionSpec, SyntheticSessionSpec, build_session_model)
+                   RateChangeTrigger, SessionSpec, SyntheticSessionSpec, TreeSessionSpec, build_session_model)
 
 TRIGGER_SESSION_ID_BASE = 1_000_000  # trigger j's sessions get ids (j + 1) * this + i
 
@@ -107,12 +107,22 @@ class SessionPlan:
     # run's ids to a server that still caches them. Not compared: the arms of a pair share a
     # base session (arrival and shape) while their token contents differ.
     token_key: Optional[tuple[int, str]] = field(default=None, compare=False)
+    # a session tree's session (loadgen/core/tree_runtime.py): its subtree, whose node is ``shape``
+    tree: Optional[Tree] = None
+
+
+def _plan(session_id: int, arrival_s: float, drawn: Union[SessionShape, Tree], **kw) -> SessionPlan:
+    if isinstance(drawn, Tree):
+        return SessionPlan(session_id, arrival_s, drawn.node, tree=drawn, **kw)
+    return SessionPlan(session_id, arrival_s, drawn, **kw)
 
 
 ShapeModel = Union[SyntheticSessions, TraceReplay, GeneratedReplay]
 
 
 def shape_model(spec: SessionSpec) -> ShapeModel:
+    if isinstance(spec, TreeSessionSpec):
+        return spec.model()  # make(rng) draws a Tree
     if not isinstance(spec, SyntheticSessionSpec):
         return build_session_model(spec)
     return SyntheticSessions(
@@ -213,7 +223,7 @@ def plan_sessions(spec: ExperimentSpec, arm: ArmSpec, seed: int) -> list[Session
     plans = []
     before, after = _shape_streams(base_model, shift_model, StreamKeys(*BASE_STREAM, (seed,)))
     for i, t in enumerate(base_times):
-        plans.append(SessionPlan(i, t, (after if t >= shift_at else before).shape(i), token_key=token_key))
+        plans.append(_plan(i, t, (after if t >= shift_at else before).shape(i), token_key=token_key))
     stream_triggers = [t for t in arm.triggers if isinstance(t, (BurstTrigger, ExtraSessionsTrigger))]
     for j, trig in enumerate(stream_triggers):
         if isinstance(trig, BurstTrigger):
@@ -227,8 +237,8 @@ def plan_sessions(spec: ExperimentSpec, arm: ArmSpec, seed: int) -> list[Session
                                        StreamKeys(*TRIGGER_STREAM, (seed, j, trig.seed_offset)))
         for i, t in enumerate(times):
             shape = (after if t >= shift_at else before).shape(i)
-            plans.append(SessionPlan((j + 1) * TRIGGER_SESSION_ID_BASE + i, t, shape, is_trigger=True,
-                                     token_key=token_key))
+            plans.append(_plan((j + 1) * TRIGGER_SESSION_ID_BASE + i, t, shape, is_trigger=True,
+                               token_key=token_key))
     plans.sort(key=lambda p: (p.arrival_s, p.session_id))
     return plans
 

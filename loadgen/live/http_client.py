@@ -361,6 +361,8 @@ class OpenAIEngineClient:
             headers = {**headers, self.options.session_header: self.session_value(request.session_id)}
             if request.final:  # Dynamo's end-of-session header, which loadgen gateway reads too
                 headers["x-dynamo-session-final"] = "true"
+            if request.parent_session_id is not None:  # a sub-agent's parent (Dynamo's header)
+                headers["x-dynamo-parent-session-id"] = self.session_value(request.parent_session_id)
         prompt = self._prompt(request)
         if isinstance(prompt, (TokenIds, Messages)):  # its JSON kept up to date as the context grows
             fields = orjson.dumps(self._body(request, None))  # '{"model":..,"prompt":null,..}'

@@ -31,6 +31,8 @@ from ..core.recording import RunRecorder, warm_up as warm_up_recording, write_js
 from ..core.runner import run_info, sample_row
 from ..core.session import RetryPolicy, RunEnv, run_session_recording_crashes
 from ..core.spec import ControllerSpec, ExperimentSpec, FlushTrigger, OpenAIEngineSpec
+from ..core.tree_engines import has_trees
+from ..core.tree_runtime import TreeRuntime
 from ..core.workload import plan_sessions
 
 
@@ -228,7 +230,8 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
     flush_interval_s = min(spec.recording.flush_interval_s, 60.0 * spec.time_scale)
     writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loadgen-parquet")
     recorder = RunRecorder(run_dir, key.run_id, key.arm, key.seed, flush_interval_s, writer,
-                           replica_columns=bool(getattr(engine_spec, "replica_header", None)))
+                           replica_columns=bool(getattr(engine_spec, "replica_header", None)),
+                           tree_columns=has_trees(spec))
     retry = RetryPolicy(engine_spec.retry.max_attempts, engine_spec.retry.backoff_s)
     env = RunEnv(clock, client, gateway, recorder, retry=retry, ready_contexts=ready_contexts)
     tasks: set[asyncio.Task] = set()
@@ -246,6 +249,10 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
         except PreflightError as exc:
             flush_errors.append(str(exc))
 
+    if any(plan.tree is not None for plan in plans):  # session trees (loadgen/core/tree_runtime.py)
+        env.trees = TreeRuntime(clock, recorder, start, env.counts, gateway, ctl.tree_policy)
+        for plan in plans:
+            env.trees.add_root(plan)
     for plan in plans:
         clock.call_at(plan.arrival_s, start, plan)
     if text_prompts:

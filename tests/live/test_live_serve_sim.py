@@ -77,3 +77,31 @@ def test_a_server_killed_mid_run_ends_the_run_with_a_clear_status(tmp_path, serv
     assert info["status"] == "engine_lost" and "every request failed" in info["error"]
     t = turns(tmp_path)  # what was recorded before and after the death is readable
     assert any(e is None for e in t["error"]) and any(e is not None for e in t["error"])
+
+
+def test_a_live_run_of_session_trees_sends_the_parents_ids_and_hits_where_virtual_time_hits(tmp_path,
+                                                                                            serve_sim_factory):
+    """tree-search forks and parallel-tools calls against serve-sim: every child's prompt begins with
+    its parent's exact token ids, so serve-sim's block hashes find the parent's blocks, turn for
+    turn as in the virtual-time run; children name their parent in x-dynamo-parent-session-id."""
+    server = serve_sim_factory(TIME_SCALE)
+    for preset in ("tree-search", "parallel-tools"):
+        data = make_spec_dict(duration_s=240, seeds=[3])
+        data["workload"] = {"arrival_rate_per_s": 0.03, "sessions": {"kind": "tree", "preset": preset}}
+        data["arms"] = [{"name": "base"}]
+        sim_spec = parse_spec({**data, "engine": {"kind": "sim", "pool_tokens": 400000}})
+        live_spec_ = parse_spec({**data, "engine": {"kind": "openai", "url": server.url, "session_header": "X-Session-ID"},
+                                 "time_scale": TIME_SCALE})
+        out = tmp_path / preset
+        info = run_live(live_spec_, RunKey("base", 3), out / "live")
+        assert info["status"] == "completed", info.get("error")
+        run_simulated(sim_spec, RunKey("base", 3), out / "virtual")
+        live, virtual = by_turn(turns(out / "live")), by_turn(turns(out / "virtual"))
+        common = set(live) & set(virtual)
+        assert len(common) >= 0.8 * len(virtual) > 20
+        children = [key for key in common if key[0] >= 1 << 40 and key[1] == 0]
+        assert len(children) > 5
+        same = sum(live[key] == virtual[key] for key in common)
+        assert same >= 0.9 * len(common)
+        assert all(live[key][0] == virtual[key][0] for key in common)  # exact prompt lengths
+        assert sum(live[k][1] for k in children) >= 0.9 * sum(virtual[k][1] for k in children) > 0

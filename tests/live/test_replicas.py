@@ -187,3 +187,18 @@ def test_metrics_urls_take_base_urls_or_the_replicas_metrics_urls():
         "metrics_urls": ["http://10.0.0.5:8000/metrics", "http://10.0.0.6:8000/v1/", "http://10.0.0.7:8000"]}))
     assert spec.engine.metrics_urls == ["http://10.0.0.5:8000", "http://10.0.0.6:8000", "http://10.0.0.7:8000"]
     assert spec.engine.session_header == "X-Session-ID"
+
+
+def test_a_sub_agent_names_its_parent_in_dynamos_header():
+    transport = HostTransport(answers())
+    options = EndpointOptions(url=ROUTER, model="m", session_header="X-Session-ID", session_label="burst-s7")
+
+    async def go():
+        client = OpenAIEngineClient(WallClock(), options, transport)
+        await client.generate(TurnRequest(3, 0, 4, 1, token_ids=[1, 2, 3, 4]))
+        await client.generate(TurnRequest(9, 0, 4, 1, token_ids=[1, 2, 3, 5], parent_session_id=3))
+
+    asyncio.run(go())
+    sent = [(headers.get("X-Session-ID"), headers.get("x-dynamo-parent-session-id"))
+            for method, base, path, headers in transport.calls if path == "/v1/completions"]
+    assert sent == [("burst-s7/3", None), ("burst-s7/9", "burst-s7/3")]

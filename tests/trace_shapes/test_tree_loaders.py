@@ -231,9 +231,7 @@ def _spec(path, format, **overrides):
     return parse_spec(data)
 
 
-def test_a_spec_refuses_trees_it_cannot_run_and_runs_linear_sessions(tmp_path):
-    with pytest.raises(SpecError, match="trees are not yet runnable"):
-        _spec(TREES / "tree.jsonl", "tree")
+def test_a_spec_runs_linear_sessions_of_a_tree_format(tmp_path):
     linear = tmp_path / "linear.jsonl"
     linear.write_text('{"calls": [[500, 20, null], [600, 30, 1.5]]}\n{"calls": [[400, 10, null]]}\n')
     spec = _spec(linear, "tree", duration_s=300)
@@ -243,10 +241,49 @@ def test_a_spec_refuses_trees_it_cannot_run_and_runs_linear_sessions(tmp_path):
     assert turns and {t["prompt_tokens"] for t in turns} <= {500, 600, 400}
 
 
-def test_loadgen_validate_exits_2_on_a_spec_with_trees(tmp_path):
+def test_loadgen_validate_exits_2_on_trees_on_a_chat_endpoint(tmp_path):
     data = make_spec_dict()
-    data["workload"]["sessions"] = {"kind": "trace_file", "path": str(TREES / "weka.json"), "format": "weka"}
+    data["engine"] = {"kind": "openai", "url": "http://127.0.0.1:9/v1", "model": "m", "api": "chat"}
+    data["workload"]["sessions"] = {"kind": "trace_file", "path": str(TREES / "tree.jsonl"), "format": "tree"}
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(json.dumps(data))
     proc = _loadgen("validate", str(spec_path))
-    assert proc.returncode == 2 and "trees are not yet runnable" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "session trees replay live with api completions" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_the_generic_tree_format_replays_branches_and_parallel_calls(tmp_path):
+    spec = _spec(TREES / "tree.jsonl", "tree", duration_s=200, seeds=[1], arms=[{"name": "base"}],
+                 workload={"arrival_rate_per_s": 0.02})
+    run_simulated(spec, RunKey("base", 1), tmp_path)
+    turns = pq.read_table(tmp_path / "runs/base-s1/turns.parquet").to_pandas()
+    orch = load_trees(TREES / "tree.jsonl", "tree").trees[0]
+    calls = turns[turns.session_kind.str.endswith("/call")]
+    # the orchestrator's call 2 makes two more calls: its prompt (4600) plus tails 120 and 90
+    assert set(calls.prompt_tokens) >= {4600 + 120, 4600 + 90}
+    forked = turns[(turns.depth == 1) & (turns.prompt_tokens == 4600) & (turns.turn_index == 0)]
+    assert len(forked) >= 1 and (forked.cached_tokens >= (orch.context_after(1) - 1) // 16 * 16 - 16).all()
+
+
+def test_a_recorded_tree_replays_as_a_tree(tmp_path):
+    """The WEKA sample: a root whose first request spawns two sub-agents, joined by its second,
+    and one launched in the background; each sub-agent is a session of its own, started after
+    the parent's response, and the joining request waits for the two."""
+    spec = _spec(TREES / "weka.json", "weka", duration_s=200, seeds=[1], arms=[{"name": "base"}],
+                 workload={"arrival_rate_per_s": 0.01})
+    run_simulated(spec, RunKey("base", 1), tmp_path)
+    turns = pq.read_table(tmp_path / "runs/base-s1/turns.parquet").to_pandas()
+    sessions = pq.read_table(tmp_path / "runs/base-s1/sessions.parquet").to_pandas()
+    root_id = int(sessions[sessions.depth == 0].session_id.iloc[0])
+    tree = sessions[sessions.tree_id == root_id].set_index("session_id")
+    assert len(tree) == 4 and (tree.status == "completed").all()
+    root = turns[turns.session_id == root_id].set_index("turn_index")
+    loaded = load_trees(TREES / "weka.json", "weka").trees[0]
+    assert list(root.prompt_tokens) == list(loaded.node.prompt_tokens)
+    joined = loaded.branches[0]
+    kids = tree[tree.parent_session_id == root_id]
+    first = turns[turns.turn_index == 0].set_index("session_id").ready_s
+    spawned = kids[first[kids.index] < root.ready_s[joined.join_turn]]
+    assert len(spawned) >= len(joined.children)
+    awaited = sorted(spawned.finish_s)[:len(joined.children)]
+    assert root.ready_s[joined.join_turn] >= max(awaited)

@@ -11,6 +11,7 @@ from .engines import (EngineSpec, LaunchedEngineSpec, OffloadSpec, OpenAIEngineS
 from .sessions import (EmpiricalGapSpec, ExponentialGapSpec, GapFallbackSpec, HFDatasetSessionSpec,
                        HFSourceSpec, SessionSpec, SwebenchSessionSpec, SyntheticSessionSpec,
                        TraceFileSessionSpec, TraceLabSyntheticSessionSpec, WorkloadSpec, build_session_model)
+from .trees import TreeSessionSpec
 from .triggers import (BurstTrigger, ExtraSessionsTrigger, FlushTrigger, MixShiftTrigger, RateChangeTrigger,
                        Trigger)
 from .experiment import (ArmSpec, ControllerSpec, ExperimentSpec, RecordingSpec, SLOSpec, check_spec_files,
@@ -22,6 +23,6 @@ __all__ = [
     "HFSourceSpec", "LaunchedEngineSpec", "MixShiftTrigger", "OffloadSpec", "OpenAIEngineSpec",
     "RateChangeTrigger", "RecordingSpec", "RetrySpec", "RouterSpec", "SGLangOptionsSpec", "SLOSpec", "SessionSpec",
     "SimEngineSpec", "SpecError", "SwebenchSessionSpec", "SyntheticSessionSpec", "TraceFileSessionSpec",
-    "TraceLabSyntheticSessionSpec", "Trigger", "WorkloadSpec", "build_session_model", "check_spec_files",
+    "TraceLabSyntheticSessionSpec", "TreeSessionSpec", "Trigger", "WorkloadSpec", "build_session_model", "check_spec_files",
     "load_spec", "normalize_endpoint_url", "parse_seeds", "parse_spec",
 ]

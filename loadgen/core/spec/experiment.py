@@ -15,7 +15,7 @@ from ...sim.cost import PRESETS, StepCostModel
 
 from .base import SpecError, _Model
 from .engines import EngineSpec, LaunchedEngineSpec, SimEngineSpec
-from .sessions import WorkloadSpec
+from .sessions import WorkloadSpec, draws_trees
 from .triggers import MixShiftTrigger, Trigger
 
 
@@ -28,11 +28,18 @@ class ControllerSpec(_Model):
         "deployment", description="deployment: one gate over the sum of the replicas' pools; replica: a gate per "
                                   "replica over its own pool, asked after routing (engine.replicas > 1).")
 
+    # added with session trees (docs/trace-shapes.md#trees-and-the-gateway)
+    tree_policy: Literal["sessions", "trees"] = Field(
+        "sessions", description="sessions: a tree's children queue at the gate like new sessions; trees: the "
+                                "children of an admitted tree are admitted on arrival (the limit gates roots).")
+
     @model_serializer(mode="wrap")
     def _without_default_scope(self, handler):
         data = handler(self)  # written as before deployments existed unless set (run.json, spec.yaml)
         if isinstance(data, dict) and self.scope == "deployment":
             data.pop("scope", None)
+        if isinstance(data, dict) and self.tree_policy == "sessions":
+            data.pop("tree_policy", None)
         return data
 
     @field_validator("name")
@@ -192,6 +199,7 @@ class ExperimentSpec(_Model):
                     err = exc.errors()[0]
                     where = ".".join(str(x) for x in err["loc"])
                     raise ValueError(f"arms[{i}].engine.{where}: {err['msg']}") from None
+        _check_trees(self)
         if isinstance(self.engine, SimEngineSpec):
             shapes = [self.workload.sessions] + [t.sessions for a in self.arms for t in a.triggers
                                                  if isinstance(t, MixShiftTrigger)]
@@ -234,6 +242,36 @@ class ExperimentSpec(_Model):
 
 _KIND_TAGS = {"sim", "openai", "vllm", "sglang", "serve_sim", "synthetic", "swebench", "trace_file", "hf_dataset", "tracelab_synthetic", "empirical", "exponential",
               "burst", "extra_sessions", "flush", "rate_change", "mix_shift"}
+
+
+def _check_trees(spec: "ExperimentSpec") -> None:
+    """Where session trees run: the simulator (no CPU offload tier, a deployment-wide gate), or live
+    against an endpoint with token-id prompts (docs/trace-shapes.md#running-trees)."""
+    shapes = [spec.workload.sessions] + [t.sessions for a in spec.arms for t in a.triggers
+                                         if isinstance(t, MixShiftTrigger)]
+    if not any(draws_trees(s) for s in shapes):
+        return
+    if not isinstance(spec.engine, SimEngineSpec):
+        # live: token-id prompts, whose forks resend the parent's exact ids (loadgen/core/tree_runtime.py)
+        if spec.engine.api != "completions":
+            raise ValueError("engine.api: session trees replay live with api completions (token ids) only; "
+                             "api chat is not yet supported")
+        if spec.engine.gateway is not None:
+            raise ValueError("engine.gateway: session trees do not run behind the loadgen gateway proxy yet (its "
+                             "gate does not know which parents wait for their children)")
+        if spec.engine.kind != "openai":
+            raise ValueError(f"engine.kind: session trees replay live against an endpoint (kind openai, e.g. a "
+                             f"serve-sim or vLLM server you started); launched engines (kind {spec.engine.kind!r}, "
+                             f"sweeps and session fleets) do not run trees yet")
+        return
+    for arm in spec.arms:
+        ctl = spec.controller_for(arm)
+        if ctl.scope == "replica" or ctl.name == "thunderagent":
+            raise ValueError(f"controller: session trees run behind the deployment's gateway (scope deployment), "
+                             f"not {'thunderagent' if ctl.name == 'thunderagent' else 'scope replica'}")
+        engine = spec.engine_for(arm)
+        if engine.flavor != "sglang" and engine.offload is not None:
+            raise ValueError("engine.offload: session trees are not modelled with the CPU offload tier")
 
 
 def _format_errors(exc: ValidationError, source: str) -> str:

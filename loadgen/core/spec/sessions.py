@@ -12,8 +12,10 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from trace_shapes import (TREE_FORMATS, EmpiricalGaps, ExponentialGaps, GapFallback, GeneratedReplay, LoadedTrace,
                           LoadedTrees, LoaderOptions, ReplayOptions, TraceLabLikeSessions, TraceReplay, build_replay,
                           load_hf, load_swebench, load_trace, load_trees, select_models)
+from trace_shapes.tree_replay import LoadedTreeTrace, TreeReplay, build_tree_replay
 
 from .base import _Model
+from .trees import TreeSessionSpec
 
 
 class SyntheticSessionSpec(_Model):
@@ -71,6 +73,12 @@ class _ReplaySessionSpec(_Model):
         except ValueError as exc:
             raise ValueError(f"models: {exc}") from None
         options = ReplayOptions(self.truncate_at_tokens, self.system_prompt_tokens, self.label)
+        if isinstance(trace, LoadedTreeTrace):  # a file of session trees (loadgen/core/tree_runtime.py runs them)
+            try:
+                return build_tree_replay(trace.trees, options, self._gap_fallback(trace), self.models,
+                                         self.sampling == "with_replacement")
+            except ValueError as exc:
+                raise ValueError(f"format {trace.format}: {trace.path}: {exc}") from None
         return build_replay(trace.sessions, options, self._gap_fallback(trace), self.models,
                             self.sampling == "with_replacement")
 
@@ -116,7 +124,7 @@ class TraceFileSessionSpec(_ReplaySessionSpec):
                          "aiperf: AIPerf multi-turn inputs; calls: one call a row, generic "
                          "(trace_shapes/loaders.py). Session trees (trace_shapes/tree_loaders.py): dag_jsonl "
                          "(AIPerf), weka (sub-agent records), guidellm (branches), tree (generic); a file whose "
-                         "sessions branch is refused (trees are not yet runnable), one of linear sessions runs.")
+                         "sessions branch replays its trees (docs/trace-shapes.md#running-trees).")
     system_prompt_tokens: int = Field(
         0, ge=0, description="Tokens of every session's initial context shared by all sessions (the system "
                              "prompt), for sessions whose trace does not record what they share (mooncake and "
@@ -258,20 +266,17 @@ def _cached_swebench() -> LoadedTrace:
 def _cached_trace(path: str, format: str, mtime_ns: int, size: int, options: LoaderOptions) -> LoadedTrace:
     # mtime and size are part of the key so that an edited file is read again
     if format in TREE_FORMATS:
-        return _linear_trees(load_trees(path, format, options))
+        return _tree_trace(load_trees(path, format, options))
     return load_trace(path, format, options)
 
 
-def _linear_trees(loaded: LoadedTrees) -> LoadedTrace:
-    """The sessions of a tree-format file whose sessions are all linear; a file with trees is refused
-    rather than flattened (the runner replays linear sessions only)."""
-    num_branching = loaded.num_branching()
-    if num_branching:
-        raise ValueError(f"format {loaded.format}: {num_branching} of the {len(loaded.trees)} sessions in "
-                         f"{loaded.path} are trees (sub-agents, forks or parallel calls), and trees are not yet "
-                         f"runnable: the runner replays linear sessions only, and flattening a tree would change "
-                         f"its load (`loadgen shapes describe {loaded.path} --format {loaded.format}` shows them)")
-    return LoadedTrace(loaded.path, loaded.format, tuple(t.node for t in loaded.trees), loaded.num_rows, loaded.notes)
+def _tree_trace(loaded: LoadedTrees) -> LoadedTrace:
+    """The sessions of a tree-format file: a plain trace when they are all linear, else its trees
+    (replayed as trees, trace_shapes/tree_replay.py), never flattened into linear sessions."""
+    roots = tuple(t.node for t in loaded.trees)
+    if loaded.num_branching():
+        return LoadedTreeTrace(loaded.path, loaded.format, roots, loaded.num_rows, loaded.notes, loaded.trees)
+    return LoadedTrace(loaded.path, loaded.format, roots, loaded.num_rows, loaded.notes)
 
 
 @functools.lru_cache(maxsize=4)
@@ -281,7 +286,7 @@ def _cached_hf(source: "HFSourceSpec", format: str, options: LoaderOptions) -> L
 
 SessionSpec = Annotated[
     Union[SyntheticSessionSpec, SwebenchSessionSpec, TraceFileSessionSpec, HFDatasetSessionSpec,
-          TraceLabSyntheticSessionSpec],
+          TraceLabSyntheticSessionSpec, TreeSessionSpec],
     Field(discriminator="kind"),
 ]
 
@@ -289,3 +294,11 @@ SessionSpec = Annotated[
 class WorkloadSpec(_Model):
     arrival_rate_per_s: float = Field(..., gt=0, description="Base Poisson session arrival rate lambda (/s).")
     sessions: SessionSpec = Field(default_factory=SyntheticSessionSpec, description="Shape of base sessions.")
+
+
+def draws_trees(sessions: SessionSpec) -> bool:
+    """Whether a session spec draws session trees: a tree preset, or a tree-format file that branches."""
+    if isinstance(sessions, TreeSessionSpec):
+        return True
+    return (type(sessions) is TraceFileSessionSpec and sessions.format in TREE_FORMATS
+            and isinstance(build_session_model(sessions), TreeReplay))
