@@ -442,7 +442,13 @@ class ReferenceEngine:
                 scheduled.append((st, n))
 
         self._inflight = scheduled
-        self._inflight_end = start_s + self.cost.step_time(num_tokens, attention, decode_ctx)
+        # vLLM runs the attention of a step with a prefill chunk in it on another path than a
+        # decode-only step's: its decodes pay the mixed-step term on top of g
+        num_decodes = sum(1 for st, _ in scheduled if st.prefill_done)
+        step_s = self.cost.step_time(num_tokens, attention, decode_ctx)
+        if len(scheduled) > num_decodes:
+            step_s += self.cost.mixed_decode_s_per_token * decode_ctx
+        self._inflight_end = start_s + step_s
         self.num_steps += 1
 
     def _end_step(self) -> tuple[list[SimRequest], list[SimRequest]]:
