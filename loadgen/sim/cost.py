@@ -23,7 +23,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -266,17 +266,17 @@ def _nnls_small(A: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def fit_cost_model(measurements: Sequence[Measurement], name: str = "fitted",
-                   fit_request_overhead: bool = False) -> FitResult:
+                   fit_request_overhead: bool = False, fit_mixed: Optional[bool] = None) -> FitResult:
     """Least squares on relative error (each row divided by its measured time), constants >= 0.
 
-    The mixed-step decode coefficient is fitted when some row has decode context in mixed steps
-    (a loaded cold turn, a drained queue), else it stays 0. With ``fit_request_overhead`` one
+    The mixed-step decode coefficient is fitted when ``fit_mixed`` (by default: when some row has
+    decode context in mixed steps, as a loaded cold turn has), else it stays 0. With ``fit_request_overhead`` one
     more constant, the latency each measured request adds outside the engine (HTTP, queuing in
     the server's front end), is fitted on the rows' ``num_requests`` and reported apart from the
     step model."""
     if len(measurements) < 4:
         raise ValueError(f"need at least 4 measurements to fit 4 constants, got {len(measurements)}")
-    mixed = any(m.mixed_decode_context_tokens for m in measurements)
+    mixed = any(m.mixed_decode_context_tokens for m in measurements) if fit_mixed is None else fit_mixed
     X = np.array([m.features()[:5 if mixed else 4] + ([m.num_requests] if fit_request_overhead else [])
                   for m in measurements], dtype=float)
     y = np.array([m.seconds for m in measurements], dtype=float)
