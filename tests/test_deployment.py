@@ -44,18 +44,11 @@ def _digest(path, drop=()) -> str:
 LATER_TURN_COLUMNS = ("attempt", "submitted_s", "planned_output_tokens")
 
 
-# the four constants qwen3-8b-mi300x had when the digests below were taken (before the mixed-step
-# decode term of issue 23 was fitted into it): the digests pin the engine, not the preset's fit
-DIGEST_COST_MODEL = {"t0_s": 0.0047581690710813114, "a_s_per_token": 5.581950821694808e-05,
-                     "b_s_per_token2": 3.2058731149544043e-09, "g_s_per_token": 6.059118819781442e-08,
-                     "name": "qwen3-8b-mi300x"}
-
-
 def test_one_replica_writes_what_one_engine_wrote_before_deployments(tmp_path):
     # digests of this run's tables written by the code before deployments existed (main at
     # 19d4dc8): a spec without replicas runs the same engine, bit for bit, with the same schema
-    spec = parse_spec(make_spec_dict(engine={"kind": "sim", "pool_tokens": 48_000, "cost_model": DIGEST_COST_MODEL},
-                                     seeds=[1], controller={"name": "budgeter"}))
+    spec = parse_spec(make_spec_dict(engine={"kind": "sim", "pool_tokens": 48_000}, seeds=[1],
+                                     controller={"name": "budgeter"}))
     run_simulated(spec, RunKey("burst", 1), tmp_path)
     run_dir = tmp_path / "runs" / "burst-s1"
     turns = pq.read_table(run_dir / "turns.parquet")

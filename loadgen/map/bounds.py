@@ -51,14 +51,10 @@ def turn_costs(shape: SessionShape, cost: StepCostModel) -> list[TurnCosts]:
         o = shape.output_tokens[k]
         # warm: the first turn finds the shared prompt, a later one its previous prompt and output
         new = prompt - shared if k == 0 else shape.growth_tokens[k - 1]
-        decode_context = o * prompt + o * o / 2
-        decode = g * decode_context
+        decode = g * (o * prompt + o * o / 2)
         warm = a * (new + o) + b * new * (prompt - new + new / 2) + decode
         cold_new = prompt - shared
-        # degraded, every step also prefills someone's cold prompt: the turn's decodes run in
-        # mixed steps (cost.py's mixed-step decode term, as in the loaded lines it was fitted on)
-        cold = (a * (cold_new + o) + b * cold_new * (shared + cold_new / 2) + decode
-                + cost.mixed_decode_s_per_token * decode_context)
+        cold = a * (cold_new + o) + b * cold_new * (shared + cold_new / 2) + decode
         # alone, every output token is one step (the prefill step samples the first)
         out.append(TurnCosts(prompt, o, warm, cold, o * t0 + warm))
         if k < shape.num_turns - 1:

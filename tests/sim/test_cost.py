@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from loadgen.sim.cost import (CALIBRATION_QWEN3_8B_MI300X, QWEN3_8B_MI300X, StepCostModel, decode_step,
-                              fit_cost_model, marginal_cold_turn, prefill, queue_drain)
+                              fit_cost_model, loaded_lines_qwen3_8b_mi300x, marginal_cold_turn, prefill,
+                              queue_drain)
 
 
 def test_preset_is_the_least_squares_fit_of_the_calibration_numbers():
@@ -17,29 +18,44 @@ def test_preset_is_the_least_squares_fit_of_the_calibration_numbers():
 
 def test_fit_residuals_stay_within_what_the_docs_report():
     result = fit_cost_model(CALIBRATION_QWEN3_8B_MI300X)
-    loaded = [r for r in result.rows if "turn c(" in r["label"]]
-    assert len(loaded) == 6  # both loaded lines, at 10K, 20K and 30K
-    # per-operation measurements and the two loaded lines within 14% (docs/engine-model.md's table)
-    assert result.max_abs_relative_residual < 0.14
-    assert max(abs(r["relative_residual"]) for r in loaded) < 0.11
-    m = result.model  # the rough fit of docs/engine-model.md: t0 ~5 ms, a 45-60 us, b ~3 ns, g 40-60 ns
-    assert 3e-3 < m.t0_s < 7e-3 and 40e-6 < m.a_s_per_token < 65e-6
+    assert result.model.mixed_decode_s_per_token == 0.0  # the preset has no mixed-step term
+    direct = [r for r in result.rows if not r["label"].startswith("cold turn")]
+    # per-operation measurements within 16%; the linear c(L) fits of whole turns within 35%
+    assert max(abs(r["relative_residual"]) for r in direct) < 0.16
+    assert result.max_abs_relative_residual < 0.35
+    m = result.model  # the rough fit of docs/engine-model.md: t0 ~5 ms, a 50-60 us, b ~3 ns, g 40-60 ns
+    assert 3e-3 < m.t0_s < 7e-3 and 45e-6 < m.a_s_per_token < 65e-6
     assert 2e-9 < m.b_s_per_token2 < 4.5e-9 and 35e-9 < m.g_s_per_token < 70e-9
-    assert 1e-7 < m.mixed_decode_s_per_token < 2e-7
 
 
-def test_without_the_mixed_step_term_the_loaded_turns_do_not_fit():
-    """The isolated rows cannot tell a loaded engine's cold turn: without the mixed-step decode
-    term the same rows fit with the loaded turns up to 30% cheaper than measured."""
-    plain = fit_cost_model([replace(m, mixed_decode_context_tokens=0.0) for m in CALIBRATION_QWEN3_8B_MI300X])
+ISOLATED_ROWS = [m for m in CALIBRATION_QWEN3_8B_MI300X if not m.label.startswith("cold turn")]
+
+
+@pytest.mark.parametrize("mixed_fraction", [1.0, 0.15, 0.012])
+def test_the_mixed_step_fit_of_both_loaded_lines(mixed_fraction):
+    """docs/engine-model.md#the-mixed-step-decode-term: the isolated rows and both loaded lines fit
+    within 14% with the mixed-step term, whose size is 145.8 ns over the share of a loaded turn's
+    decodes that run beside a chunk; the other constants do not depend on that share."""
+    result = fit_cost_model(ISOLATED_ROWS + list(loaded_lines_qwen3_8b_mi300x(mixed_fraction)))
+    assert result.max_abs_relative_residual < 0.14
+    assert result.model.mixed_decode_s_per_token * mixed_fraction == pytest.approx(145.83e-9, rel=1e-3)
+    assert result.model.a_s_per_token == pytest.approx(45.76e-6, rel=1e-3)
+
+
+def test_without_the_mixed_step_term_both_loaded_lines_do_not_fit():
+    """The four constants cannot follow both loaded lines: the loaded turns stay 11-30% cheaper
+    than measured and the isolated rows move to +21%."""
+    plain = fit_cost_model(ISOLATED_ROWS + list(loaded_lines_qwen3_8b_mi300x(0.0)))
     assert plain.model.mixed_decode_s_per_token == 0.0
     loaded = [r["relative_residual"] for r in plain.rows if "turn c(" in r["label"]]
-    assert min(loaded) < -0.25 and max(loaded) < 0
+    assert min(loaded) < -0.25 and max(loaded) < -0.1
+    assert max(r["relative_residual"] for r in plain.rows) > 0.2
 
 
-def test_marginal_cold_turn_decodes_in_mixed_steps_and_isolated_rows_do_not():
-    turn = marginal_cold_turn("t", 1.0, 20_000, 300)
-    assert turn.mixed_decode_context_tokens == turn.decode_context_tokens == 300 * 20_000 + 300 * 300 / 2
+def test_only_the_loaded_turns_fraction_of_decodes_is_mixed():
+    turn = marginal_cold_turn("t", 1.0, 20_000, 300, mixed_fraction=0.25)
+    assert turn.mixed_decode_context_tokens == 0.25 * turn.decode_context_tokens == 0.25 * (300 * 20_000 + 300 * 300 / 2)
+    assert marginal_cold_turn("t", 1.0, 20_000, 300).mixed_decode_context_tokens == 0
     assert prefill("p", 1.0, 20_000).mixed_decode_context_tokens == 0
     assert decode_step("d", 1.0, 32, 25_000).mixed_decode_context_tokens == 0
 
