@@ -25,14 +25,14 @@ from ..sim.cost import StepCostModel, fit_cost_model, prefill
 COEFFICIENTS = ("t0_s", "a_s_per_token", "b_s_per_token2", "g_s_per_token")
 MIXED = "mixed_decode_s_per_token"
 KINDS = ("cold", "incremental", "decode", "queue", "loaded")
+# a row's bound in --check: this many times its repeats' spread (and never below --tolerance)
+SPREAD_FACTOR = 3.0
 
 
 def fits_mixed_term(rows: Sequence) -> bool:
     """The mixed-step decode term is fitted when the plan measured loaded queues: the other rows'
     decodes beside chunks are too few to tell it from g, and a term they cannot see stays 0."""
     return any(r.kind == "loaded" for r in rows)
-# a row's bound in --check: this many times its repeats' spread (and never below --tolerance)
-SPREAD_FACTOR = 3.0
 
 
 @dataclass

@@ -283,10 +283,10 @@ def fit_cost_model(measurements: Sequence[Measurement], name: str = "fitted",
     """Least squares on relative error (each row divided by its measured time), constants >= 0.
 
     The mixed-step decode coefficient is fitted when ``fit_mixed`` (by default: when some row has
-    decode context in mixed steps, as a loaded cold turn has), else it stays 0. With ``fit_request_overhead`` one
-    more constant, the latency each measured request adds outside the engine (HTTP, queuing in
-    the server's front end), is fitted on the rows' ``num_requests`` and reported apart from the
-    step model."""
+    decode context in mixed steps), else it stays 0. With ``fit_request_overhead`` one more
+    constant, the latency each measured request adds outside the engine (HTTP, queuing in the
+    server's front end), is fitted on the rows' ``num_requests`` and reported apart from the step
+    model."""
     if len(measurements) < 4:
         raise ValueError(f"need at least 4 measurements to fit 4 constants, got {len(measurements)}")
     mixed = any(m.mixed_decode_context_tokens for m in measurements) if fit_mixed is None else fit_mixed
