@@ -15,7 +15,9 @@ cost model's least-squares problem (loadgen/sim/cost.py):
 * queues drained: many requests sharing a cached prefix sent at once, each with new tokens to
   prefill and a few to generate; the server works through them in steps that mix prefill chunks
   with decodes over a long waiting queue, the batch compositions of a collapsed engine, and the
-  time until the last finishes is one row whose features replay the scheduler's steps.
+  time until the last finishes is one row whose features replay the scheduler's steps;
+* loaded queues (``--loaded``): a queue whose prefills take many steps while the requests
+  admitted first decode beside them; with them the fit has the mixed-step decode term.
 
 Every measurement is repeated (the median kept, every repeat reported) on prompts drawn fresh
 from the calibration's seed, after the server's prefix cache is emptied, and every request is
@@ -69,11 +71,19 @@ class CalibrationPlan:
     queue_output_tokens: int = 8
     # (requests, new tokens each, cached shared prefix): queues whose prefills take many steps
     # while the first admitted decode beside them over a long context, the steps of a loaded
-    # engine; they pin the mixed-step decode term (cost.py), which only such steps pay
-    loaded_queues: tuple[tuple[int, int, int], ...] = ((64, 512, 6000),)
+    # engine; they pin the mixed-step decode term (cost.py), which only such steps pay. None by
+    # default (`loadgen calibrate --loaded` adds ``loaded_queue(chunk_tokens)``)
+    loaded_queues: tuple[tuple[int, int, int], ...] = ()
     loaded_output_tokens: int = 32
     repeats: int = 3
     chunk_tokens: int = 8192  # the server's max_num_batched_tokens
+
+    @staticmethod
+    def loaded_queue(chunk_tokens: int) -> tuple[int, int, int]:
+        """Prefills of 512 tokens on a cached 12,000-token prefix, 16 steps' worth: the decodes
+        admitted first ride beside the rest, ~10% of the row's time when the term is g (the 8B
+        preset at 8192 tokens a step, the CPU preset at 2048)."""
+        return (16 * chunk_tokens // 512, 512, 12_000)
 
     def largest_context(self) -> int:
         return max([*self.cold_contexts, *(c + n for c, n in self.incremental),
