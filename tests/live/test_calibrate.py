@@ -134,12 +134,13 @@ def test_a_noisy_row_gets_more_repeats_for_its_median():
 
 
 # A loaded engine's steps: a decode beside a prefill chunk costs 4 g more. The loaded queues
-# (32 x 256 new tokens on 2000 cached, 24 x 384 on 3000, 12 out, a 2048-token budget) prefill
-# over 4-5 steps while the requests admitted first decode beside them: about a quarter of their
-# time is the mixed-step term, which no other row has.
+# (12 x 1024 new tokens on 3000 cached, 16 x 768 on 4000, 12 out, a 2048-token budget) prefill
+# over 6 steps while the requests admitted first decode beside them: about 30% of their time is
+# the mixed-step term, which no other row has. Few requests behind a first step of ~0.1 s: they
+# all arrive before the second step, as the row's replay assumes.
 LOADED_TRUTH = dataclasses.replace(TRUTH, mixed_decode_s_per_token=8e-6, name="loaded-truth")
 LOADED_PLAN = dataclasses.replace(PLAN, cold_contexts=(16, 1500, 3000), incremental=((16000, 1000),),
-                                  loaded_queues=((32, 256, 2000), (24, 384, 3000)), loaded_output_tokens=12)
+                                  loaded_queues=((12, 1024, 3000), (16, 768, 4000)), loaded_output_tokens=12)
 
 
 def test_calibrate_recovers_a_known_mixed_step_decode_term(serve_sim_factory, tmp_path):
@@ -160,8 +161,11 @@ def test_calibrate_recovers_a_known_mixed_step_decode_term(serve_sim_factory, tm
     ident = identify(result.rows, result.seed)
     fitted = result.fit.model.mixed_decode_s_per_token
     assert MIXED not in ident.unidentified(), ident.table()
-    assert ident.low[MIXED] * 0.97 <= LOADED_TRUTH.mixed_decode_s_per_token <= ident.high[MIXED] * 1.03, ident.table()
-    assert fitted == pytest.approx(LOADED_TRUTH.mixed_decode_s_per_token, rel=0.25), result.fit.table()
+    # g comes out up to 4% high on a busy 2-core machine (timers late in the decode rows, a bias
+    # the repeats cannot show), and a third of the loaded rows' time is g: the term then sits up
+    # to ~6% low, outside an interval that only sees the repeats' noise
+    assert ident.low[MIXED] * 0.92 <= LOADED_TRUTH.mixed_decode_s_per_token <= ident.high[MIXED] * 1.08, ident.table()
+    assert fitted == pytest.approx(LOADED_TRUTH.mixed_decode_s_per_token, rel=0.1), result.fit.table()
     # --check: the true model describes the loaded rows; the same model without the term does not
     overhead = result.fit.request_overhead_s
     assert check_rows(LOADED_TRUTH, result.rows, overhead, tolerance=0.05).classes["loaded"]["passed"]
