@@ -34,8 +34,9 @@ and no closed forms, following vllm/v1/core/{block_pool,kv_cache_manager,sched/s
   ``on_done`` callbacks, each in running order.
 
 * Step time: ``cost.step_time(tokens scheduled, sum over prefill chunks n * (c + n / 2), sum
-  over decodes (num_computed + 1))``; a request decodes once it has sampled a token since its
-  (re)admission, otherwise its tokens are a prefill chunk (a resumed request included).
+  over decodes (num_computed + 1))``, plus ``mixed_decode_s_per_token`` x that decode sum when a
+  prefill chunk is scheduled beside the decodes; a request decodes once it has sampled a token
+  since its (re)admission, otherwise its tokens are a prefill chunk (a resumed request included).
 
 Two conventions follow the project's spec rather than vLLM 0.11's code, on purpose (both engines
 share them): vLLM bumps the prefix-cache counters on every ``get_computed_blocks`` call, so a
