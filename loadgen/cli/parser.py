@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--context", type=int, metavar="TOKENS",
                      help="with --check: the workload's typical context, where the cold-turn cost is compared "
                           "(default: the median cold row)")
+    cal.add_argument("--loaded", action="store_true",
+                     help="also drain a loaded queue (many decodes beside prefill chunks) and fit the mixed-step "
+                          "decode term, what a decode costs beyond g in a step that also prefills")
     cal.set_defaults(func=_cmd_calibrate)
 
     compare = sub.add_parser("compare", help="a real engine's results beside the simulator's, run by run")

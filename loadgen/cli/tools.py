@@ -314,6 +314,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     _check_calibrate_flags(args)
     checked = _cost_model_arg(args.check, "--check") if args.check else None
     plan = CalibrationPlan(repeats=args.repeats, chunk_tokens=args.max_num_batched_tokens)
+    if args.loaded:
+        plan = dataclasses.replace(plan, loaded_queues=(plan.loaded_queue(plan.chunk_tokens),))
     out = Path(args.out) if args.out else None
     # fresh prompts every calibration: a second one against a warm server must not find its rows cached
     seed = args.seed if args.seed is not None else secrets.randbits(32)

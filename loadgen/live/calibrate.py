@@ -15,7 +15,9 @@ cost model's least-squares problem (loadgen/sim/cost.py):
 * queues drained: many requests sharing a cached prefix sent at once, each with new tokens to
   prefill and a few to generate; the server works through them in steps that mix prefill chunks
   with decodes over a long waiting queue, the batch compositions of a collapsed engine, and the
-  time until the last finishes is one row whose features replay the scheduler's steps.
+  time until the last finishes is one row whose features replay the scheduler's steps;
+* loaded queues (``--loaded``): a queue whose prefills take many steps while the requests
+  admitted first decode beside them; with them the fit has the mixed-step decode term.
 
 Every measurement is repeated (the median kept, every repeat reported) on prompts drawn fresh
 from the calibration's seed, after the server's prefix cache is emptied, and every request is
@@ -37,6 +39,7 @@ from typing import Callable, Optional
 from ..core.engines import TurnRequest, TurnResult
 from ..core.lateness import LatenessHistogram
 from ..core.workload import Stream, rng_for
+from .calibration_stats import fits_mixed_term
 from .http_client import OpenAIEngineClient, PreflightError
 from ..sim.cost import FitResult, Measurement, StepCostModel, decode_step, fit_cost_model, prefill, queue_drain
 
@@ -66,13 +69,27 @@ class CalibrationPlan:
     # (requests, new tokens each, cached shared prefix): queues a collapsed engine works through
     queues: tuple[tuple[int, int, int], ...] = ((16, 2000, 2000), (12, 6000, 2000))
     queue_output_tokens: int = 8
+    # (requests, new tokens each, cached shared prefix): queues whose prefills take many steps
+    # while the first admitted decode beside them over a long context, the steps of a loaded
+    # engine; they pin the mixed-step decode term (cost.py), which only such steps pay. None by
+    # default (`loadgen calibrate --loaded` adds ``loaded_queue(chunk_tokens)``)
+    loaded_queues: tuple[tuple[int, int, int], ...] = ()
+    loaded_output_tokens: int = 32
     repeats: int = 3
     chunk_tokens: int = 8192  # the server's max_num_batched_tokens
+
+    @staticmethod
+    def loaded_queue(chunk_tokens: int) -> tuple[int, int, int]:
+        """Prefills of 512 tokens on a cached 12,000-token prefix, 16 steps' worth: the decodes
+        admitted first ride beside the rest, ~10% of the row's time when the term is g (the 8B
+        preset at 8192 tokens a step, the CPU preset at 2048)."""
+        return (16 * chunk_tokens // 512, 512, 12_000)
 
     def largest_context(self) -> int:
         return max([*self.cold_contexts, *(c + n for c, n in self.incremental),
                     *(c + self.decode_tokens for _, c in self.decode),
-                    *(c + n + self.queue_output_tokens for _, n, c in self.queues)])
+                    *(c + n + self.queue_output_tokens for _, n, c in self.queues),
+                    *(c + n + self.loaded_output_tokens for _, n, c in self.loaded_queues)])
 
 
 @dataclass
@@ -91,6 +108,7 @@ class CalibrationRow:
                 "spread": self.spread, "features": {"num_steps": m.num_steps, "num_tokens": m.num_tokens,
                                                     "attention_tokens2": m.attention_tokens2,
                                                     "decode_context_tokens": m.decode_context_tokens,
+                                                    "mixed_decode_context_tokens": m.mixed_decode_context_tokens,
                                                     "num_requests": m.num_requests}}
 
     @classmethod
@@ -236,9 +254,10 @@ class Calibrator:
                                  "longer than 1; raise decode_tokens")
         return self._row(decode_step(label, step_s, batch, context + m // 2, source="measured"), "decode", measured)
 
-    async def queue(self, num_requests: int, new: int, cached: int) -> CalibrationRow:
-        out = self.plan.queue_output_tokens
-        label = f"queue of {num_requests}: {new} new on {cached} cached"
+    async def queue(self, num_requests: int, new: int, cached: int, loaded: bool = False) -> CalibrationRow:
+        """A queue drained at once; ``loaded``: one of the plan's loaded queues (kind "loaded")."""
+        out = self.plan.loaded_output_tokens if loaded else self.plan.queue_output_tokens
+        label = f"{'loaded queue' if loaded else 'queue'} of {num_requests}: {new} new on {cached} cached"
 
         async def attempt():
             prefix = self._prompt(cached)
@@ -253,7 +272,7 @@ class Calibrator:
         m = queue_drain(f"{label} (hit {hit}), {out} out", statistics.median(x[0] for x in measured),
                         num_requests, cached + new - hit, hit, out, chunk_tokens=self.plan.chunk_tokens,
                         source="measured")
-        return self._row(m, "queue", measured)
+        return self._row(m, "loaded" if loaded else "queue", measured)
 
     async def run(self) -> list[CalibrationRow]:
         rows = []
@@ -271,6 +290,8 @@ class Calibrator:
             logged(await self.decode(batch, context), "ms/step", 1e3, 2)
         for num_requests, new, cached in self.plan.queues:
             logged(await self.queue(num_requests, new, cached), "s", 1, 2)
+        for num_requests, new, cached in self.plan.loaded_queues:
+            logged(await self.queue(num_requests, new, cached, loaded=True), "s", 1, 2)
         return rows
 
 
@@ -312,7 +333,8 @@ async def calibrate(client: OpenAIEngineClient, plan: CalibrationPlan, name: str
         await watcher
     scraped = client.last_metrics
     measurements = [r.measurement for r in rows]
-    return CalibrationResult(fit_cost_model(measurements, name=name, fit_request_overhead=True), info["pool_tokens"],
+    return CalibrationResult(fit_cost_model(measurements, name=name, fit_request_overhead=True,
+                                            fit_mixed=fits_mixed_term(rows)), info["pool_tokens"],
                              scraped.block_size if scraped else info.get("block_size"), measurements, rows, seed,
                              cache_reset, calibrator.remeasures, lateness.summary())
 

@@ -23,9 +23,16 @@ from ..core.workload import Stream, rng_for
 from ..sim.cost import StepCostModel, fit_cost_model, prefill
 
 COEFFICIENTS = ("t0_s", "a_s_per_token", "b_s_per_token2", "g_s_per_token")
-KINDS = ("cold", "incremental", "decode", "queue")
+MIXED = "mixed_decode_s_per_token"
+KINDS = ("cold", "incremental", "decode", "queue", "loaded")
 # a row's bound in --check: this many times its repeats' spread (and never below --tolerance)
 SPREAD_FACTOR = 3.0
+
+
+def fits_mixed_term(rows: Sequence) -> bool:
+    """The mixed-step decode term is fitted when the plan measured loaded queues: the other rows'
+    decodes beside chunks are too few to tell it from g, and a term they cannot see stays 0."""
+    return any(r.kind == "loaded" for r in rows)
 
 
 @dataclass
@@ -40,8 +47,14 @@ class Identification:
     num_resamples: int = 0
 
     def unidentified(self) -> list[str]:
-        """Coefficients whose interval is wider than the value itself."""
-        return [c for c in COEFFICIENTS if self.high[c] - self.low[c] > self.value[c]]
+        """Coefficients whose interval is wider than the value itself; the mixed-step term, which
+        a real engine may well not pay (0), is pinned down when its interval is narrower than g
+        (what it adds to a decode is then known to within a decode's own cost)."""
+        out = [c for c in COEFFICIENTS if self.high[c] - self.low[c] > self.value[c]]
+        if MIXED in self.value and self.high[MIXED] - self.low[MIXED] > max(self.value[MIXED],
+                                                                               self.value["g_s_per_token"]):
+            out.append(MIXED)
+        return out
 
     def to_json(self) -> dict:
         return {"level": self.level, "num_resamples": self.num_resamples, "condition_number": self.condition_number,
@@ -52,7 +65,7 @@ class Identification:
 
     def table(self) -> str:
         units = {"t0_s": (1e3, "ms"), "a_s_per_token": (1e6, "us/token"), "b_s_per_token2": (1e9, "ns/token^2"),
-                 "g_s_per_token": (1e9, "ns/token"), "request_overhead_s": (1e3, "ms")}
+                 "g_s_per_token": (1e9, "ns/token"), MIXED: (1e9, "ns/token"), "request_overhead_s": (1e3, "ms")}
         lines = [f"{100 * self.level:.0f}% bootstrap intervals ({self.num_resamples} resamples), "
                  f"condition number {self.condition_number:.3g}:"]
         for c in self.value:
@@ -63,16 +76,22 @@ class Identification:
         return "\n".join(lines)
 
 
-def _coefs(fit) -> dict:
+def _coefs(fit, mixed: bool) -> dict:
     m = fit.model
     return {"t0_s": m.t0_s, "a_s_per_token": m.a_s_per_token, "b_s_per_token2": m.b_s_per_token2,
-            "g_s_per_token": m.g_s_per_token, "request_overhead_s": fit.request_overhead_s}
+            "g_s_per_token": m.g_s_per_token, **({MIXED: m.mixed_decode_s_per_token} if mixed else {}),
+            "request_overhead_s": fit.request_overhead_s}
 
 
-def condition_number(measurements: Sequence) -> float:
+def _design(measurements: Sequence, mixed: bool) -> list[list[float]]:
+    """The fit's columns, in ``_coefs``'s order."""
+    return [m.features()[:5 if mixed else 4] + [m.num_requests] for m in measurements]
+
+
+def condition_number(measurements: Sequence, mixed: bool = False) -> float:
     """Of the design the fit solves (features scaled per column, rows by their time): how much
     the rows' noise is amplified into the coefficients."""
-    X = np.array([m.features() + [m.num_requests] for m in measurements], dtype=float)
+    X = np.array(_design(measurements, mixed), dtype=float)
     y = np.array([m.seconds for m in measurements], dtype=float)
     X = X[:, np.any(X != 0, axis=0)]  # a feature no row has (no request overhead) is no direction
     return float(np.linalg.cond((X / X.max(axis=0)) / y[:, None]))
@@ -83,7 +102,8 @@ def identify(rows: Sequence, seed: int, num_resamples: int = 200, level: float =
     taken again), refit, and take the central ``level`` of each coefficient."""
     rng = rng_for(Stream.CALIBRATION_BOOTSTRAP, seed)
     measurements = [r.measurement for r in rows]
-    value = _coefs(fit_cost_model(measurements, fit_request_overhead=True))
+    mixed = fits_mixed_term(rows)
+    value = _coefs(fit_cost_model(measurements, fit_request_overhead=True, fit_mixed=mixed), mixed)
     by_kind: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         by_kind.setdefault(r.kind, []).append(i)
@@ -94,15 +114,15 @@ def identify(rows: Sequence, seed: int, num_resamples: int = 200, level: float =
             for i in rng.choice(members, size=len(members), replace=True):
                 repeats = rng.choice(rows[i].samples, size=len(rows[i].samples), replace=True)
                 sample.append(replace(measurements[i], seconds=float(np.median(repeats))))
-        for c, v in _coefs(fit_cost_model(sample, fit_request_overhead=True)).items():
+        for c, v in _coefs(fit_cost_model(sample, fit_request_overhead=True, fit_mixed=mixed), mixed).items():
             draws[c].append(v)
     tail = 100 * (1 - level) / 2
     low = {c: float(np.percentile(d, tail)) for c, d in draws.items()}
     high = {c: float(np.percentile(d, 100 - tail)) for c, d in draws.items()}
-    for c, column in zip(value, zip(*(m.features() + [m.num_requests] for m in measurements))):
+    for c, column in zip(value, zip(*_design(measurements, mixed))):
         if not any(column):  # no row exercises it: the fit's 0 says nothing
             low[c], high[c] = 0.0, math.inf
-    return Identification(value, low, high, condition_number(measurements), level, num_resamples)
+    return Identification(value, low, high, condition_number(measurements, mixed), level, num_resamples)
 
 
 def step_jitter(rows: Sequence, chunk_tokens: int) -> float:

@@ -34,8 +34,9 @@ and no closed forms, following vllm/v1/core/{block_pool,kv_cache_manager,sched/s
   ``on_done`` callbacks, each in running order.
 
 * Step time: ``cost.step_time(tokens scheduled, sum over prefill chunks n * (c + n / 2), sum
-  over decodes (num_computed + 1))``; a request decodes once it has sampled a token since its
-  (re)admission, otherwise its tokens are a prefill chunk (a resumed request included).
+  over decodes (num_computed + 1))``, plus ``mixed_decode_s_per_token`` x that decode sum when a
+  prefill chunk is scheduled beside the decodes; a request decodes once it has sampled a token
+  since its (re)admission, otherwise its tokens are a prefill chunk (a resumed request included).
 
 Two conventions follow the project's spec rather than vLLM 0.11's code, on purpose (both engines
 share them): vLLM bumps the prefix-cache counters on every ``get_computed_blocks`` call, so a
@@ -442,7 +443,13 @@ class ReferenceEngine:
                 scheduled.append((st, n))
 
         self._inflight = scheduled
-        self._inflight_end = start_s + self.cost.step_time(num_tokens, attention, decode_ctx)
+        # vLLM runs the attention of a step with a prefill chunk in it on another path than a
+        # decode-only step's: its decodes pay the mixed-step term on top of g
+        num_decodes = sum(1 for st, _ in scheduled if st.prefill_done)
+        step_s = self.cost.step_time(num_tokens, attention, decode_ctx)
+        if len(scheduled) > num_decodes:
+            step_s += self.cost.mixed_decode_s_per_token * decode_ctx
+        self._inflight_end = start_s + step_s
         self.num_steps += 1
 
     def _end_step(self) -> tuple[list[SimRequest], list[SimRequest]]:

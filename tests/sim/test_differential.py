@@ -13,6 +13,7 @@ To replay a failure: ``run_workload(SimEngine, random_workload(seed))``.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -202,6 +203,11 @@ def random_workload(seed: int, mixed_prefix_lengths: bool = False, with_aborts: 
                              rng.uniform(0, 1e-6), name="rnd")
     else:  # zero-cost steps (load-generator benchmarks): every step of a burst at one instant
         cost = StepCostModel(0.0, 0.0, 0.0, 0.0, name="zero")
+    # the mixed-step decode term, from its own generator (the rest of the workload is seed's as before)
+    mixed_rng = random.Random(f"mixed-steps/{seed}")
+    if cost.name != "zero" and mixed_rng.random() < 0.5:
+        cost = dataclasses.replace(cost, mixed_decode_s_per_token=mixed_rng.uniform(0.1, 3.0) * max(cost.g_s_per_token,
+                                                                                                   1e-8))
     flush_at = rng.uniform(0.0, 0.4) if rng.random() < 0.3 else None
     if with_aborts:  # drawn from their own generator: the rest of the workload is seed's as before
         abort_rng = random.Random(f"aborts/{seed}")
@@ -251,10 +257,15 @@ def test_random_workloads_exercise_the_hard_paths():
     """The seeds above do reach preemption, chunked prefill, hits, evictions, flushes and both
     settings of every switch, each in at least a tenth of the workloads."""
     seen = dict.fromkeys(("preemption", "chunked", "hit", "flush", "eviction_miss", "caching_off",
-                          "caching_on", "reserve", "no_reserve"), 0)
+                          "caching_on", "reserve", "no_reserve", "mixed_steps_cost_more"), 0)
     for seed in SEEDS:
         wl = random_workload(seed)
         res = run_workload(ReferenceEngine, wl, check_invariants=False)
+        if wl.cost.mixed_decode_s_per_token:  # the term moved some request's times: decodes beside a chunk
+            without = run_workload(SimEngine, dataclasses.replace(
+                wl, cost=dataclasses.replace(wl.cost, mixed_decode_s_per_token=0.0)))
+            seen["mixed_steps_cost_more"] += any(not _close(r.finish_s, without.requests[k].finish_s)
+                                                 for k, r in res.requests.items())
         bs = wl.knobs["block_size"]
         seen["preemption"] += res.counters["num_preemptions"] > 0
         seen["hit"] += res.counters["prefix_cache_hits"] > 0

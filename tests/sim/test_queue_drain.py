@@ -1,6 +1,8 @@
 """`loadgen calibrate`'s queue rows: the features that replay vLLM's scheduler over a drained
 queue must be the steps the simulated engines take, or the fit would learn the wrong costs."""
 
+from dataclasses import replace
+
 import pytest
 
 from loadgen.sim.cost import queue_drain
@@ -30,9 +32,9 @@ def drain_time_s(engine, num_requests: int, new_tokens: int, cached_tokens: int,
     (8, 1000, 1, 2048),  # one output token: prefill only
 ])
 def test_queue_features_are_the_steps_the_engine_takes(engine_cls, num_requests, new_tokens, output_tokens, budget):
-    engine = make_engine(engine_cls, num_blocks=4096, max_num_batched_tokens=budget)
+    # with the mixed-step decode term on: the row must also say which decodes ran beside a chunk
+    cost = replace(COST, mixed_decode_s_per_token=3 * COST.g_s_per_token)
+    engine = make_engine(engine_cls, cost=cost, num_blocks=4096, max_num_batched_tokens=budget)
     measured = drain_time_s(engine, num_requests, new_tokens, 512, output_tokens)
     row = queue_drain("queue", measured, num_requests, new_tokens, 512, output_tokens, chunk_tokens=budget)
-    coef = (COST.t0_s, COST.a_s_per_token, COST.b_s_per_token2, COST.g_s_per_token)
-    predicted = sum(c * f for c, f in zip(coef, row.features()))
-    assert predicted == pytest.approx(measured, rel=1e-9)
+    assert cost.predict(row) == pytest.approx(measured, rel=1e-9)
