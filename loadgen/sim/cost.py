@@ -40,6 +40,12 @@ class StepCostModel:
     # the spread of one step: each step's time is multiplied by exp(N(0, sigma^2)) drawn from the
     # run's own jitter stream (loadgen calibrate measures it); 0 is the deterministic model
     step_jitter_sigma: float = 0.0
+    # the CPU-side share of t0 (scheduling the next batch, processing the last one's outputs) that
+    # an overlapping scheduler runs while the GPU computes (SGLang's overlap schedule; the sglang
+    # flavour subtracts it from every step but the first after idle); the vLLM flavour ignores it
+    hidden_cpu_s: float = 0.0
+    # the engine the constants were measured on ("vllm", "sglang"; "" where not recorded)
+    flavor: str = ""
 
     def step_time(self, num_tokens: int, attention_tokens2: float, decode_context_tokens: float) -> float:
         return (
@@ -58,6 +64,10 @@ class StepCostModel:
         data = asdict(self)
         if not self.step_jitter_sigma:  # the deterministic model reads as it always has (specs, resume)
             del data["step_jitter_sigma"]
+        if not self.hidden_cpu_s:
+            del data["hidden_cpu_s"]
+        if not self.flavor:
+            del data["flavor"]
         return data
 
     @classmethod
@@ -80,6 +90,12 @@ class StepCostModel:
                 raise ValueError(f"cost-model coefficient {name}: expected a finite number >= 0, got {value!r}")
         if not isinstance(data.get("name", ""), str):
             raise ValueError(f"cost-model name: expected a string, got {data['name']!r}")
+        if data.get("flavor", "") not in ("", "vllm", "sglang"):
+            raise ValueError(f"cost-model flavor: expected vllm or sglang, got {data['flavor']!r}")
+        hidden = data.get("hidden_cpu_s", 0.0)
+        if isinstance(hidden, bool) or not isinstance(hidden, (int, float)) or not 0 <= hidden <= data["t0_s"]:
+            raise ValueError(f"cost-model hidden_cpu_s: expected a number from 0 to t0_s ({data['t0_s']}), the "
+                             f"part of the per-step constant an overlapping scheduler hides; got {hidden!r}")
         return cls(**data)
 
     @classmethod
