@@ -202,6 +202,7 @@ class ReferenceSGLang:
         self.hidden = cost.hidden_cpu_s if config.overlap_schedule else 0.0
         self.cold = True
         self.results = None
+        self.num_dropped_tokens = 0  # tokens of retracted requests never processed (overlap)
 
     # ------------------------------------------------------------------ surface
     def stream(self, key: Hashable, base_tokens: int = 0) -> Stream:
@@ -558,6 +559,8 @@ class ReferenceSGLang:
             kind, reqs, end, prefill_kv = results
             finished = False
             for r in reqs:
+                if r.retracted:
+                    self.num_dropped_tokens += 1
                 if r.retracted or r.req.state == FINISHED:  # dropped (computed again later), or the
                     continue  # token after a request's last, computed before the scheduler knew
                 r.output += 1
