@@ -113,3 +113,17 @@ def test_the_hidden_share_is_a_cost_model_input_between_zero_and_t0():
     model = StepCostModel.from_json({**COST.to_json(), "hidden_cpu_s": 0.001, "flavor": "sglang"})
     assert StepCostModel.from_json(model.to_json()) == model
     assert "hidden_cpu_s" not in COST.to_json() and "flavor" not in COST.to_json()  # vLLM's files read as before
+
+
+def test_the_sglang_preset_is_vllms_constants_plus_the_overlaps_share_and_the_flavours_default():
+    from loadgen.core.spec import SimEngineSpec
+    from loadgen.sim.cost import QWEN3_8B_MI300X
+
+    p = SGLANG_QWEN3_8B_MI300X
+    assert (p.t0_s, p.a_s_per_token, p.b_s_per_token2, p.g_s_per_token) == (
+        QWEN3_8B_MI300X.t0_s, QWEN3_8B_MI300X.a_s_per_token, QWEN3_8B_MI300X.b_s_per_token2,
+        QWEN3_8B_MI300X.g_s_per_token)
+    # SGLang v0.4's 1.1x on the batch-1 decode step at 6K context: 5.18 ms x (1 - 1/1.1)
+    assert p.hidden_cpu_s == pytest.approx(5.1775e-3 / 11, rel=1e-3) and p.flavor == "sglang"
+    assert SimEngineSpec(flavor="sglang").load_cost_model() == p
+    assert SimEngineSpec(flavor="vllm").load_cost_model() == QWEN3_8B_MI300X
