@@ -1,17 +1,14 @@
 """Whole runs of the sglang flavour with its overlap schedule (the default): the same spec and
-seed give the same run, a deployment's replica is the single engine of its sessions, and the
-overlap is what moves the run."""
+seed give the same run, and the overlap is what moves the run (a deployment's replica is the
+single engine of its sessions: tests/test_deployment.py, both flavours)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pyarrow.parquet as pq
 
-from loadgen.core.recording import RunRecorder
-from loadgen.core.runner import RunKey, run_simulated, simulate
+from loadgen.core.runner import RunKey, run_simulated
 from loadgen.core.spec import parse_spec
 from tests.conftest import make_spec_dict
-from tests.test_deployment import _rows, _single_engine_turns
 
 
 def sglang_spec(**engine):
@@ -34,21 +31,3 @@ def test_the_overlap_is_on_by_default_and_runs_deterministically(tmp_path):
     assert a == b  # bit for bit
     assert a["finish_s"] != off["finish_s"]  # and the overlap is what the run models
     assert len(a["finish_s"]) > 50
-
-
-def test_each_replica_of_an_sglang_deployment_is_the_single_engine_of_its_sessions():
-    spec = parse_spec(make_spec_dict(
-        engine={"kind": "sim", "flavor": "sglang", "pool_tokens": 12_000, "replicas": 3,
-                "router": {"policy": "consistent_hash"}},
-        seeds=[1], workload={**make_spec_dict()["workload"], "arrival_rate_per_s": 0.1}))
-    recorder = RunRecorder(None, "dep", "burst", 1, 1e9, replica_columns=True)
-    simulate(spec, RunKey("burst", 1), recorder)
-    recorder.close()
-    turns = recorder.tables()["turns"]
-    replica = np.asarray(turns.column("replica").to_pylist())
-    sessions = np.asarray(turns.column("session_id").to_pylist())
-    assert sorted(set(replica)) == [0, 1, 2]
-    for r in range(3):
-        mine = set(sessions[replica == r].tolist())
-        assert _rows(turns.filter(np.asarray(replica == r))) == _rows(_single_engine_turns(spec, "burst", 1, mine))
-    assert sum(turns.column("num_preemptions").to_pylist()) + sum(turns.column("miss_eviction_tokens").to_pylist()) > 0

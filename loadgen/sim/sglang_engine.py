@@ -507,17 +507,10 @@ class SGLangEngine(PrefillAdding, OverlapResults, StepMachine):
                 chunk_left = r  # cached at the next iteration's start, after this batch's results
                 continue
             req = r.req
-            r.generated += 1
-            self.generation_tokens_total += 1
-            if req.first_token_s is None:
+            if self._prefill_token(r, end):
                 req.first_token_s = end
                 if req.on_first_token is not None:
                     self._first.append(req)
-            elif r.last_token_s is not None:  # resumed after a retraction
-                gap = end - r.last_token_s
-                if not gap <= r.max_gap_s:
-                    r.max_gap_s = gap
-            r.last_token_s = end
             if r.generated >= req.max_tokens:
                 self._finish(r)
                 finished_any = True
@@ -528,6 +521,19 @@ class SGLangEngine(PrefillAdding, OverlapResults, StepMachine):
             self._cache_unfinished(chunk_left)
         if finished_any:
             self.batch_is_full = False
+
+    def _prefill_token(self, r: _Req, end: float) -> bool:
+        """The token a finished prefill computes: counted, its gap taken; True if it is the first."""
+        r.generated += 1
+        self.generation_tokens_total += 1
+        r.prev_token_s = r.last_token_s
+        first = r.req.first_token_s is None
+        if not first and r.last_token_s is not None:  # resumed after a retraction
+            gap = end - r.last_token_s
+            if not gap <= r.max_gap_s:
+                r.max_gap_s = gap
+        r.last_token_s = end
+        return first
 
     # ------------------------------------------------------------------ the tree and requests
     def _prefill_results(self, batch: list, end: float) -> Optional[_Req]:
@@ -541,19 +547,10 @@ class SGLangEngine(PrefillAdding, OverlapResults, StepMachine):
             if truncated:
                 chunk_left = r
                 continue
-            req = r.req
-            r.generated += 1
-            self.generation_tokens_total += 1
-            r.prev_token_s = r.last_token_s
-            if req.first_token_s is None:
+            if self._prefill_token(r, end):
                 self._first_ops.append(r)
-            elif r.last_token_s is not None:  # resumed after a retraction
-                gap = end - r.last_token_s
-                if not gap <= r.max_gap_s:
-                    r.max_gap_s = gap
-            r.last_token_s = end
             prefilled.append(r)
-            if r.generated >= req.max_tokens:
+            if r.generated >= r.req.max_tokens:
                 r.lingering = True
                 self._ops.append((FINISH, r, 0))
             else:

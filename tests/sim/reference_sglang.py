@@ -266,14 +266,7 @@ class ReferenceSGLang:
                 end = self.inflight_end
                 self.inflight_end = None
                 self.next_start = end
-                first, self.first = self.first, []
-                for req in first:
-                    req.on_first_token(req)
-                done, self.done = self.done, []
-                for req in done:
-                    req.finish_s = end
-                    if req.on_done is not None:
-                        req.on_done(req)
+                self._deliver(end)
             if not self.all:
                 if self.flush_pending and self.next_start is not None:
                     self._flush(self.next_start)
@@ -281,6 +274,16 @@ class ReferenceSGLang:
                 self.cold = True
                 return
             self._iteration(self.next_start)
+
+    def _deliver(self, end: float) -> None:
+        first, self.first = self.first, []
+        for req in first:
+            req.on_first_token(req)
+        done, self.done = self.done, []
+        for req in done:
+            req.finish_s = end
+            if req.on_done is not None:
+                req.on_done(req)
 
     def next_wakeup(self) -> Optional[float]:
         return self.inflight_end
@@ -531,18 +534,9 @@ class ReferenceSGLang:
             if trunc:
                 left = r
                 continue
-            r.output += 1
             self.generation_tokens_total += 1
+            self._token(r, end)
             req = r.req
-            if req.first_token_s is None:
-                req.first_token_s = end
-                if req.on_first_token is not None:
-                    self.first.append(req)
-            elif r.last_token_s is not None:
-                gap = end - r.last_token_s
-                if not gap <= r.max_gap:
-                    r.max_gap = gap
-            r.last_token_s = end
             if r.output >= req.max_tokens:
                 self._finish(r)
                 finished = True
@@ -552,6 +546,20 @@ class ReferenceSGLang:
         if finished:
             self.batch_is_full = False
         return left
+
+    def _token(self, r: RReq, end: float) -> None:
+        """A prefill's (or, processed late, any step's) token: the first, or a gap since the last."""
+        r.output += 1
+        req = r.req
+        if req.first_token_s is None:
+            req.first_token_s = end
+            if req.on_first_token is not None:
+                self.first.append(req)
+        elif r.last_token_s is not None:
+            gap = end - r.last_token_s
+            if not gap <= r.max_gap:
+                r.max_gap = gap
+        r.last_token_s = end
 
     def _process(self, results) -> None:
         """process_batch_result of the last batch (overlap): outputs, finishes, the tree, the client."""
@@ -563,17 +571,8 @@ class ReferenceSGLang:
                     self.num_dropped_tokens += 1
                 if r.retracted or r.req.state == FINISHED:  # dropped (computed again later), or the
                     continue  # token after a request's last, computed before the scheduler knew
-                r.output += 1
+                self._token(r, end)
                 req = r.req
-                if req.first_token_s is None:
-                    req.first_token_s = end
-                    if req.on_first_token is not None:
-                        self.first.append(req)
-                elif r.last_token_s is not None:
-                    gap = end - r.last_token_s
-                    if not gap <= r.max_gap:
-                        r.max_gap = gap
-                r.last_token_s = end
                 if r.output >= req.max_tokens:
                     extra = r.kv_len - (r.fill - 1)  # the slot of the token computed after the last
                     self.available += extra
@@ -586,14 +585,7 @@ class ReferenceSGLang:
                     self._cache_unfinished(r, prefill_kv[r])
             if finished:
                 self.batch_is_full = False
-            first, self.first = self.first, []
-            for req in first:
-                req.on_first_token(req)
-            done, self.done = self.done, []
-            for req in done:
-                req.finish_s = end
-                if req.on_done is not None:
-                    req.on_done(req)
+            self._deliver(end)
         for r in self.all.values():
             r.retracted = False
 
