@@ -1,7 +1,8 @@
 """The simulated engine, SGLang flavour: SGLang 0.5.x's scheduler over its radix cache.
 
-One iteration of SGLang's event loop (python/sglang/srt/managers/scheduler.py, the non-overlap
-loop) runs either a prefill batch or a decode batch, never both:
+One iteration of SGLang's event loop (python/sglang/srt/managers/scheduler.py; the overlap loop,
+SGLang's default, sees each batch's results one batch late: loadgen/sim/sglang_overlap.py) runs
+either a prefill batch or a decode batch, never both:
 
 1. ``get_new_batch_prefill``: skipped while the running batch is marked full (set when a
    request could not be admitted, cleared when the running batch shrinks) unless a chunked
@@ -314,10 +315,14 @@ class SGLangEngine(PrefillAdding, OverlapResults, StepMachine):
         del self.running[r]
         r.in_running = False
         if steps and stats:
-            r.last_token_s = self._last_decode_end
-            i = bisect.bisect_left(self._gap_steps, r.d0 + 1)
-            if i < len(self._gap_steps) and not self._gap_max_s[i] <= r.max_gap_s:
-                r.max_gap_s = self._gap_max_s[i]
+            self._decode_token_times(r)
+
+    def _decode_token_times(self, r: _Req) -> None:
+        """``r``'s last token at the last decode step's end, its longest gap since it joined."""
+        r.last_token_s = self._last_decode_end
+        i = bisect.bisect_left(self._gap_steps, r.d0 + 1)
+        if i < len(self._gap_steps) and not self._gap_max_s[i] <= r.max_gap_s:
+            r.max_gap_s = self._gap_max_s[i]
 
     # ------------------------------------------------------------------ decode stretches
     def _stretch_bounds_now(self) -> Optional[tuple[int, Optional[float]]]:
@@ -383,10 +388,7 @@ class SGLangEngine(PrefillAdding, OverlapResults, StepMachine):
             self._ops_end, self._ops_from_prefill = end, False
             for r in sorted(finishing, key=lambda x: x.order):  # the batch's order
                 # its last token is out; the scheduler learns it once the next step is scheduled
-                r.last_token_s = end
-                i = bisect.bisect_left(self._gap_steps, r.d0 + 1)
-                if i < len(self._gap_steps) and not self._gap_max_s[i] <= r.max_gap_s:
-                    r.max_gap_s = self._gap_max_s[i]
+                self._decode_token_times(r)
                 r.lingering = True
                 self._ops.append((FINISH, r, 0))
             self._apply_results(held)
