@@ -74,6 +74,11 @@ def test_bad_run_flags_are_refused_before_anything_runs(tmp_path, flags, expecte
     ({"engine": {"kind": "sim", "offload": {"cpu_tokens": 900000, "vllm_version": "latest"}}},
      "engine.offload.vllm_version: a vLLM version like 0.11 or 0.12.0 is expected, got 'latest'"),
     ({"engine": {"kind": "sim", "offload": {"cpu_tokens": 900000, "link": "both"}}}, "engine.offload.link"),
+    ({"engine": {"kind": "sim", "flavor": "sglang", "sglang": {"overlap_schedule": "maybe"}}},
+     "engine.sglang.overlap_schedule"),
+    ({"engine": {"kind": "sim", "flavor": "sglang", "cost_model": {
+        "t0_s": 0.005, "a_s_per_token": 0, "b_s_per_token2": 0, "g_s_per_token": 0, "hidden_cpu_s": 0.01}}},
+     "hidden_cpu_s: expected a number from 0 to t0_s"),
 ])
 def test_bad_spec_values_name_the_field_and_what_is_expected(tmp_path, overrides, expected):
     spec = _spec_file(tmp_path, "bad.yaml", **overrides)

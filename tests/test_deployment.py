@@ -29,8 +29,8 @@ from routers import ROUTERS
 from tests.conftest import make_spec_dict
 
 
-def deployment_spec(router, replicas=3, pool_tokens=48_000, seeds=(1,), **overrides):
-    engine = {"kind": "sim", "pool_tokens": pool_tokens, "replicas": replicas, "router": router}
+def deployment_spec(router, replicas=3, pool_tokens=48_000, seeds=(1,), flavor="vllm", **overrides):
+    engine = {"kind": "sim", "flavor": flavor, "pool_tokens": pool_tokens, "replicas": replicas, "router": router}
     return parse_spec(make_spec_dict(engine=engine, seeds=list(seeds), **overrides))
 
 
@@ -91,8 +91,9 @@ def _rows(table):
     return [tuple("nan" if isinstance(v, float) and v != v else v for v in row) for row in rows]
 
 
-def test_pinned_sessions_give_exactly_the_single_engine_runs_of_their_partition():
-    spec = deployment_spec({"policy": "consistent_hash"}, replicas=3, pool_tokens=12_000,
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])  # sglang: its overlap schedule, the default
+def test_pinned_sessions_give_exactly_the_single_engine_runs_of_their_partition(flavor):
+    spec = deployment_spec({"policy": "consistent_hash"}, replicas=3, pool_tokens=12_000, flavor=flavor,
                            workload={**make_spec_dict()["workload"], "arrival_rate_per_s": 0.1})
     recorder = RunRecorder(None, "dep", "burst", 1, 1e9, replica_columns=True)
     simulate(spec, RunKey("burst", 1), recorder)

@@ -111,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="tokens one engine step schedules at most (vLLM's flag of the same name)")
     serve.add_argument("--max-model-len", type=int, default=40960,
                        help="longest prompt + output a request may have, in tokens")
-    serve.add_argument("--cost-model", default="qwen3-8b-mi300x", help="preset name or cost.json path")
+    serve.add_argument("--cost-model", default=None,
+                       help="preset name or cost.json path (default qwen3-8b-mi300x; sglang-qwen3-8b-mi300x "
+                            "with --flavor sglang)")
     serve.add_argument("--zero-cost", action="store_true", help="every step takes no time (load-generator benchmarks)")
     serve.add_argument("--no-prefix-caching", action="store_true", help="serve with prefix caching off")
     serve.add_argument("--offload-cpu-tokens", type=int, default=None, metavar="N",
@@ -128,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="serve no /v1/completions (an endpoint that speaks only the chat API)")
     serve.add_argument("--schedule-policy", choices=("fcfs", "lpm"), default="fcfs",
                        help="SGLang's --schedule-policy (flavor sglang)")
+    serve.add_argument("--disable-overlap-schedule", action="store_true",
+                       help="SGLang's flag: schedule each batch after the last one's results (flavor sglang)")
     # added with deployments (docs/deployments.md#serve-sim-deployments)
     serve.add_argument("--replicas", type=int, default=1,
                        help="serve N engines behind a router at one URL (each also at /replica/<i>)")

@@ -113,8 +113,9 @@ def _cmd_serve_sim(args: argparse.Namespace) -> int:
     if args.time_scale <= 0:
         raise SpecError(f"--time-scale must be > 0, got {args.time_scale}")
     try:
+        cost_model = {} if args.cost_model is None else {"cost_model": args.cost_model}  # default: the flavour's
         cost = (StepCostModel(0.0, 0.0, 0.0, 0.0, name="zero") if args.zero_cost
-                else SimEngineSpec(cost_model=args.cost_model).load_cost_model(Path.cwd()))
+                else SimEngineSpec(flavor=args.flavor, **cost_model).load_cost_model(Path.cwd()))
     except ValueError as exc:
         raise SpecError(f"--cost-model: {exc}") from None
     config = EngineConfig(num_blocks=args.pool_tokens // args.block_size, block_size=args.block_size,
@@ -137,9 +138,12 @@ def _cmd_serve_sim(args: argparse.Namespace) -> int:
             config = engine_config(SimEngineSpec(
                 flavor="sglang", pool_tokens=args.pool_tokens, max_num_batched_tokens=args.max_num_batched_tokens,
                 max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching,
-                sglang={"page_size": args.page_size, "schedule_policy": args.schedule_policy}))
+                sglang={"page_size": args.page_size, "schedule_policy": args.schedule_policy,
+                        "overlap_schedule": not args.disable_overlap_schedule}))
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
             raise SpecError(f"serve-sim --flavor sglang: {str(exc).splitlines()[-1].strip()}") from None
+    elif args.disable_overlap_schedule:
+        raise SpecError("--disable-overlap-schedule is SGLang's flag: it needs --flavor sglang")
     tokenizer = None
     if args.tokenizer:
         from ..live.tokenizer import LocalTokenizer, TokenizerError

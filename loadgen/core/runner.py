@@ -65,7 +65,8 @@ def engine_config(engine: SimEngineSpec) -> Union[EngineConfig, SGLangConfig]:
             max_model_len=engine.max_model_len, schedule_policy=opts.schedule_policy,
             init_new_token_ratio=opts.init_new_token_ratio, min_new_token_ratio_factor=opts.min_new_token_ratio_factor,
             new_token_ratio_decay_steps=opts.new_token_ratio_decay_steps,
-            retract_decode_steps=opts.retract_decode_steps, enable_prefix_caching=engine.enable_prefix_caching)
+            retract_decode_steps=opts.retract_decode_steps, enable_prefix_caching=engine.enable_prefix_caching,
+            overlap_schedule=opts.overlap_schedule)
     return EngineConfig(
         num_blocks=engine.pool_tokens // engine.block_size, block_size=engine.block_size,
         max_num_batched_tokens=engine.max_num_batched_tokens, max_num_seqs=engine.max_num_seqs,

@@ -333,8 +333,13 @@ async def calibrate(client: OpenAIEngineClient, plan: CalibrationPlan, name: str
         await watcher
     scraped = client.last_metrics
     measurements = [r.measurement for r in rows]
-    return CalibrationResult(fit_cost_model(measurements, name=name, fit_request_overhead=True,
-                                            fit_mixed=fits_mixed_term(rows)), info["pool_tokens"],
+    fit = fit_cost_model(measurements, name=name, fit_request_overhead=True, fit_mixed=fits_mixed_term(rows))
+    if client.server in ("vllm", "sglang"):  # the engine the constants belong to, in the cost.json
+        fit.model = replace(fit.model, flavor=client.server)
+    if client.server == "sglang":
+        log("  an SGLang server: its measured steps already leave out what its overlap schedule hides "
+            "(hidden_cpu_s 0 in this model; calibrate with --disable-overlap-schedule to see the difference)")
+    return CalibrationResult(fit, info["pool_tokens"],
                              scraped.block_size if scraped else info.get("block_size"), measurements, rows, seed,
                              cache_reset, calibrator.remeasures, lateness.summary())
 

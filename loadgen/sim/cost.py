@@ -18,6 +18,7 @@ that way; ``fit_cost_model`` fits it with non-negative constants and relative re
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -48,6 +49,12 @@ class StepCostModel:
     step_jitter_sigma: float = 0.0
     # seconds per decode-context token of a step that also runs a prefill chunk, on top of g
     mixed_decode_s_per_token: float = 0.0
+    # the CPU-side share of t0 (scheduling the next batch, processing the last one's outputs) that
+    # an overlapping scheduler runs while the GPU computes (SGLang's overlap schedule; the sglang
+    # flavour subtracts it from every step but the first after idle); the vLLM flavour ignores it
+    hidden_cpu_s: float = 0.0
+    # the engine the constants were measured on ("vllm", "sglang"; "" where not recorded)
+    flavor: str = ""
 
     def step_time(self, num_tokens: int, attention_tokens2: float, decode_context_tokens: float,
                   mixed_decode_context_tokens: float = 0.0) -> float:
@@ -72,7 +79,7 @@ class StepCostModel:
     def to_json(self) -> dict:
         data = asdict(self)
         # a model without these reads as it always has (specs, resume, digests)
-        for optional in ("step_jitter_sigma", MIXED_COEFFICIENT):
+        for optional in ("step_jitter_sigma", MIXED_COEFFICIENT, "hidden_cpu_s", "flavor"):
             if not data[optional]:
                 del data[optional]
         return data
@@ -97,6 +104,12 @@ class StepCostModel:
                 raise ValueError(f"cost-model coefficient {name}: expected a finite number >= 0, got {value!r}")
         if not isinstance(data.get("name", ""), str):
             raise ValueError(f"cost-model name: expected a string, got {data['name']!r}")
+        if data.get("flavor", "") not in ("", "vllm", "sglang"):
+            raise ValueError(f"cost-model flavor: expected vllm or sglang, got {data['flavor']!r}")
+        hidden = data.get("hidden_cpu_s", 0.0)
+        if isinstance(hidden, bool) or not isinstance(hidden, (int, float)) or not 0 <= hidden <= data["t0_s"]:
+            raise ValueError(f"cost-model hidden_cpu_s: expected a number from 0 to t0_s ({data['t0_s']}), the "
+                             f"part of the per-step constant an overlapping scheduler hides; got {hidden!r}")
         return cls(**data)
 
     @classmethod
@@ -395,8 +408,22 @@ VLLM_CPU_TINY_QWEN3 = StepCostModel(
     name="vllm-cpu-tiny-qwen3",
 )
 
+# The sglang flavour's default: no SGLang engine was measured here, so the step constants are
+# vLLM's (QWEN3_8B_MI300X, borrowed as they are). What differs is the CPU share SGLang's overlap
+# schedule hides (loadgen/sim/sglang_overlap.py): SGLang v0.4's release post credits the overlap
+# ("zero-overhead batch scheduler") with 1.1x throughput; read on the preset's batch-1 decode step
+# at 6K context (its calibration row where the per-step overhead dominates), hiding a step's
+# 1 - 1/1.1 share, 0.47 ms a step. `loadgen calibrate` against an SGLang server writes its own.
+SGLANG_OVERLAP_SPEEDUP = 1.1
+SGLANG_QWEN3_8B_MI300X = dataclasses.replace(
+    QWEN3_8B_MI300X, name="sglang-qwen3-8b-mi300x", flavor="sglang",
+    hidden_cpu_s=QWEN3_8B_MI300X.step_time(1, 0.0, 6_000) * (1 - 1 / SGLANG_OVERLAP_SPEEDUP))
+
 PRESETS: dict[str, StepCostModel] = {"qwen3-8b-mi300x": QWEN3_8B_MI300X, "qwen3-32b-mi300x": QWEN3_32B_MI300X,
-                                     "vllm-cpu-tiny-qwen3": VLLM_CPU_TINY_QWEN3}
+                                     "vllm-cpu-tiny-qwen3": VLLM_CPU_TINY_QWEN3,
+                                     "sglang-qwen3-8b-mi300x": SGLANG_QWEN3_8B_MI300X}
+# the preset each flavour's engine takes when the spec names none
+DEFAULT_PRESET = {"vllm": "qwen3-8b-mi300x", "sglang": "sglang-qwen3-8b-mi300x"}
 
 
 def preset_or_file(value: str) -> StepCostModel:

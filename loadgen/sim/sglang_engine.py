@@ -1,7 +1,8 @@
 """The simulated engine, SGLang flavour: SGLang 0.5.x's scheduler over its radix cache.
 
-One iteration of SGLang's event loop (python/sglang/srt/managers/scheduler.py, the non-overlap
-loop) runs either a prefill batch or a decode batch, never both:
+One iteration of SGLang's event loop (python/sglang/srt/managers/scheduler.py; the overlap loop,
+SGLang's default, sees each batch's results one batch late: loadgen/sim/sglang_overlap.py) runs
+either a prefill batch or a decode batch, never both:
 
 1. ``get_new_batch_prefill``: skipped while the running batch is marked full (set when a
    request could not be admitted, cleared when the running batch shrinks) unless a chunked
@@ -51,6 +52,7 @@ from .cost import StepCostModel
 from .kv_pool import Stream
 from .radix_cache import RadixCache
 from .request import FINISHED, RUNNING, WAITING, SimRequest
+from .sglang_overlap import CACHE, FINISH, OverlapResults
 from .sglang_prefill import PrefillAdding
 from .step_machine import StepMachine
 
@@ -73,6 +75,10 @@ class SGLangConfig:
     retract_decode_steps: int = 20
     clip_max_new_tokens: int = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
     enable_prefix_caching: bool = True
+    # event_loop_overlap (loadgen/sim/sglang_overlap.py); SGLang's default is on (the spec's
+    # engine.sglang.overlap_schedule defaults to true), off here so the engine alone is SGLang's
+    # normal loop unless asked
+    overlap_schedule: bool = False
 
     @property
     def block_size(self) -> int:
@@ -92,7 +98,7 @@ class _Req:
 
     __slots__ = ("req", "pid", "plen", "own", "generated", "prefix_len", "last_node", "kv_len",
                  "already_computed", "cached_tokens", "protected", "order", "d0", "kv0", "gen0", "match_len", "match_node",
-                 "last_token_s", "max_gap_s", "in_running")
+                 "last_token_s", "max_gap_s", "in_running", "prev_token_s", "lingering")
 
     def __init__(self, req: SimRequest, pid, plen: int, own) -> None:
         self.req = req
@@ -111,6 +117,8 @@ class _Req:
         self.last_token_s: Optional[float] = None
         self.max_gap_s = math.nan
         self.in_running = False
+        self.prev_token_s: Optional[float] = None  # the token before the last (overlap: a retraction drops the last)
+        self.lingering = False  # its last token is computed, the scheduler does not know yet (overlap)
 
     @property
     def fill_len(self) -> int:
@@ -120,7 +128,7 @@ class _Req:
         return f"_Req({self.req.request_id!r}, gen={self.generated}, kv={self.kv_len}, prefix={self.prefix_len})"
 
 
-class SGLangEngine(PrefillAdding, StepMachine):
+class SGLangEngine(PrefillAdding, OverlapResults, StepMachine):
     """SGLang in simulated time. See the module docstring."""
 
     flavor = "sglang"
@@ -159,6 +167,10 @@ class SGLangEngine(PrefillAdding, StepMachine):
         self._joined: list[_Req] = []  # joined the running batch since the last decode step
         self._last_decode_end: Optional[float] = None
         self._init_step_machine()
+        self.overlap = config.overlap_schedule
+        self._hidden_s = cost.hidden_cpu_s if config.overlap_schedule else 0.0
+        self._cold = True  # the next step starts from idle: nothing to hide its CPU share behind
+        self._init_overlap()
         self._flush_pending = False
         self.flush_times_s: list[float] = []
         # counters: sglang:prompt_tokens_total / cached_tokens_total move when a request finishes
@@ -255,6 +267,7 @@ class SGLangEngine(PrefillAdding, StepMachine):
             if self._flush_pending and self._next_start is not None:
                 self._apply_flush(self._next_start)
             self._next_start = None
+            self._cold = True
             return True
         return False
 
@@ -291,7 +304,7 @@ class SGLangEngine(PrefillAdding, StepMachine):
         c = self.cost
         n = len(self.running)
         ctx = self._ctx_const + n * (self.decode_index + 1)
-        return c.t0_s + c.a_s_per_token * n + c.g_s_per_token * ctx, c.g_s_per_token * n / 2.0
+        return c.t0_s - self._hidden_s + c.a_s_per_token * n + c.g_s_per_token * ctx, c.g_s_per_token * n / 2.0
 
     def _join(self, r: _Req) -> None:
         r.in_running = True
@@ -301,27 +314,34 @@ class SGLangEngine(PrefillAdding, StepMachine):
         self._ctx_const += r.kv0 - r.d0
         self.running[r] = None
         self._joined.append(r)
-        heapq.heappush(self._finish_heap, (r.d0 + r.req.max_tokens - r.gen0 - 1, r.order, r))
+        if not r.lingering:  # a lingering request has computed its last token already
+            heapq.heappush(self._finish_heap, (r.d0 + r.req.max_tokens - r.gen0 - 1, r.order, r))
 
-    def _leave(self, r: _Req) -> None:
-        """Out of the running batch, its KV and outputs brought up to date."""
+    def _leave(self, r: _Req, stats: bool = True) -> None:
+        """Out of the running batch, its KV and outputs brought up to date (``stats``: its token
+        times too; a lingering request's stop at its last token)."""
         steps = self.decode_index - r.d0
         r.kv_len = r.kv0 + steps
         r.generated = r.gen0 + steps
         self._ctx_const -= r.kv0 - r.d0
         del self.running[r]
         r.in_running = False
-        if steps:
-            r.last_token_s = self._last_decode_end
-            i = bisect.bisect_left(self._gap_steps, r.d0 + 1)
-            if i < len(self._gap_steps) and not self._gap_max_s[i] <= r.max_gap_s:
-                r.max_gap_s = self._gap_max_s[i]
+        if steps and stats:
+            self._decode_token_times(r)
+
+    def _decode_token_times(self, r: _Req) -> None:
+        """``r``'s last token at the last decode step's end, its longest gap since it joined."""
+        r.last_token_s = self._last_decode_end
+        i = bisect.bisect_left(self._gap_steps, r.d0 + 1)
+        if i < len(self._gap_steps) and not self._gap_max_s[i] <= r.max_gap_s:
+            r.max_gap_s = self._gap_max_s[i]
 
     # ------------------------------------------------------------------ decode stretches
     def _stretch_bounds_now(self) -> Optional[tuple[int, Optional[float]]]:
         if self.jitter is not None:  # every step draws its own jitter
             return None
-        if self.running and self.chunked is None and not self._shrunk and (not self.waiting or self.batch_is_full):
+        if (self.running and self.chunked is None and not self._shrunk and (not self.waiting or self.batch_is_full)
+                and not self._ops and not self._first_ops):
             return self._max_stretch(), None
         return None
 
@@ -333,6 +353,7 @@ class SGLangEngine(PrefillAdding, StepMachine):
 
     def _commit_stretch(self, start_s: float, num_steps: int, coeffs: Optional[tuple[float, float]] = None) -> None:
         """``num_steps`` decode steps of the whole running batch (its slots are free)."""
+        held = self._take_results() if self.overlap else None
         n = len(self.running)
         self.available -= n * num_steps
         alpha, beta = coeffs or self._stretch_coeffs()
@@ -343,7 +364,7 @@ class SGLangEngine(PrefillAdding, StepMachine):
         first_end = start_s + alpha
         d = self.decode_index
         for r in self._joined:
-            if r.in_running and r.last_token_s is not None:
+            if r.in_running and r.last_token_s is not None and not r.lingering:
                 gap = first_end - r.last_token_s
                 if not gap <= r.max_gap_s:
                     r.max_gap_s = gap
@@ -352,6 +373,8 @@ class SGLangEngine(PrefillAdding, StepMachine):
             self._push_gap(d, first_end - self._last_decode_end)
         if num_steps > 1:
             self._push_gap(d + num_steps - 1, alpha + 2 * beta * (num_steps - 1))
+        self._prev_decode_end = (self._last_decode_end if num_steps == 1
+                                 else end - (alpha + 2 * beta * (num_steps - 1)))
         self._last_decode_end = end
         self.decode_index = d + num_steps
         self.ratio_steps += num_steps
@@ -372,7 +395,16 @@ class SGLangEngine(PrefillAdding, StepMachine):
                 break
             heapq.heappop(heap)
             finishing.append(entry[2])
-        if finishing:
+        if held is not None:
+            self._last_decode = True
+            self._ops_end, self._ops_from_prefill = end, False
+            for r in sorted(finishing, key=lambda x: x.order):  # the batch's order
+                # its last token is out; the scheduler learns it once the next step is scheduled
+                self._decode_token_times(r)
+                r.lingering = True
+                self._ops.append((FINISH, r, 0))
+            self._apply_results(held)
+        elif finishing:
             for r in sorted(finishing, key=lambda x: x.order):  # the batch's order
                 self._leave(r)
                 self._finish(r)
@@ -415,9 +447,13 @@ class SGLangEngine(PrefillAdding, StepMachine):
         """Retract until one slot per remaining request is free (SGLang's retract_decode)."""
         cfg = self.config
         batch = list(self.running)
+        # overlap: the scheduler has not seen the last step's tokens (sglang_overlap.py)
+        lag = {r: self._lag(r) for r in batch}
+        before = {r: self._token_before_last(r) for r in batch if lag[r]}
         for r in batch:
             self._leave(r)  # bring every request's counts up to date; those kept rejoin below
-        order = sorted(batch, key=lambda r: (r.generated, -r.req.num_prompt_tokens), reverse=True)
+        seen = {r: r.generated - lag[r] for r in batch}
+        order = sorted(batch, key=lambda r: (seen[r], -r.req.num_prompt_tokens), reverse=True)
         retracted = []
         first = True
         while first or not self._check_decode_mem(len(order)):
@@ -428,10 +464,12 @@ class SGLangEngine(PrefillAdding, StepMachine):
             first = False
             r = order.pop()
             retracted.append(r)
+            if lag[r]:
+                self._drop_result(r, before[r])
             self._release(r, len(order) * cfg.retract_decode_steps)
         for r in order:  # the batch keeps the sorted order (filter_batch(keep_indices))
             self._join(r)
-        decoded = sum(r.generated for r in order)
+        decoded = sum(seen[r] for r in order)
         max_new = sum(r.req.max_tokens for r in order)
         self.ratio_base = min(1.0, (decoded + cfg.retract_decode_steps * len(order)) / max_new)
         self.ratio_steps = -1  # _commit_stretch counts every step; this one sets the ratio instead of decaying it
@@ -468,28 +506,25 @@ class SGLangEngine(PrefillAdding, StepMachine):
             r.kv_len = r.prefix_len + extend
             r.already_computed = r.kv_len
             attention += extend * (r.prefix_len + extend / 2)
-        step_s = self.cost.step_time(total, attention, 0.0)
+        step_s = self.cost.step_time(total, attention, 0.0) - (0.0 if self._cold else self._hidden_s)
+        self._cold = False
         end = start_s + (step_s if self.jitter is None else step_s * self.jitter())
         self._inflight_end = end
         self.num_steps += 1
         chunk_left = None
         finished_any = False
+        if self.overlap:
+            chunk_left = self._prefill_results(batch, end)
+            batch = ()
         for r, extend, truncated in batch:
             if truncated:
                 chunk_left = r  # cached at the next iteration's start, after this batch's results
                 continue
             req = r.req
-            r.generated += 1
-            self.generation_tokens_total += 1
-            if req.first_token_s is None:
+            if self._prefill_token(r, end):
                 req.first_token_s = end
                 if req.on_first_token is not None:
                     self._first.append(req)
-            elif r.last_token_s is not None:  # resumed after a retraction
-                gap = end - r.last_token_s
-                if not gap <= r.max_gap_s:
-                    r.max_gap_s = gap
-            r.last_token_s = end
             if r.generated >= req.max_tokens:
                 self._finish(r)
                 finished_any = True
@@ -501,10 +536,52 @@ class SGLangEngine(PrefillAdding, StepMachine):
         if finished_any:
             self.batch_is_full = False
 
+    def _prefill_token(self, r: _Req, end: float) -> bool:
+        """The token a finished prefill computes: counted, its gap taken; True if it is the first."""
+        r.generated += 1
+        self.generation_tokens_total += 1
+        r.prev_token_s = r.last_token_s
+        first = r.req.first_token_s is None
+        if not first and r.last_token_s is not None:  # resumed after a retraction
+            gap = end - r.last_token_s
+            if not gap <= r.max_gap_s:
+                r.max_gap_s = gap
+        r.last_token_s = end
+        return first
+
     # ------------------------------------------------------------------ the tree and requests
-    def _cache_unfinished(self, r: _Req) -> None:
+    def _prefill_results(self, batch: list, end: float) -> Optional[_Req]:
+        """The prefill batch's tokens, their results held for after the next step is scheduled
+        (overlap); every request joins the running batch (SGLang merges the last batch before it
+        knows who finished). Returns the chunked request."""
+        held = self._take_results()
+        chunk_left = None
+        prefilled = []
+        for r, extend, truncated in batch:
+            if truncated:
+                chunk_left = r
+                continue
+            if self._prefill_token(r, end):
+                self._first_ops.append(r)
+            prefilled.append(r)
+            if r.generated >= r.req.max_tokens:
+                r.lingering = True
+                self._ops.append((FINISH, r, 0))
+            else:
+                self._ops.append((CACHE, r, r.kv_len))
+            self._join(r)
+        self._last_decode = False
+        self._last_prefilled = set(prefilled)
+        self._ops_end, self._ops_from_prefill = end, True
+        self._apply_results(held)
+        return chunk_left  # stashed at the next iteration's start, after the last batch's results
+
+    def _cache_unfinished(self, r: _Req, kv_len: Optional[int] = None) -> None:
+        """cache_unfinished_req of the request's first ``kv_len`` tokens (default: all it holds)."""
+        if kv_len is None:
+            kv_len = r.kv_len
         tree = self.tree
-        aligned = r.kv_len - r.kv_len % self.page
+        aligned = kv_len - kv_len % self.page
         new_prefix_len = tree.insert(r.pid, r.plen, r.own, aligned)
         if new_prefix_len > r.protected:
             self.available += new_prefix_len - r.protected  # duplicates of what another request cached
@@ -513,7 +590,7 @@ class SGLangEngine(PrefillAdding, StepMachine):
             tree.dec_lock_ref(r.last_node)
         tree.inc_lock_ref(node)
         r.protected = aligned
-        r.prefix_len = r.kv_len  # the unaligned tail stays the request's own, still computed
+        r.prefix_len = kv_len  # the unaligned tail stays the request's own, still computed
         r.last_node = node
 
     def _finish(self, r: _Req) -> None:

@@ -37,8 +37,9 @@ class PrefillAdding:
         ratio = self.new_token_ratio
         clip = cfg.clip_max_new_tokens
         tree = self.tree
-        self._rem_total_offset = sum(min(r.req.max_tokens - (r.gen0 + self.decode_index - r.d0), clip) * ratio
-                                     for r in self.running)
+        # the outputs the scheduler has seen (overlap: without the last step's, sglang_overlap.py)
+        self._rem_total_offset = sum(min(r.req.max_tokens - (r.gen0 + self.decode_index - r.d0 - self._lag(r)), clip)
+                                     * ratio for r in self.running)
         self._cur_offset = 0
         self._rem_input = cfg.max_prefill_tokens
         self._rem_chunk = cfg.chunked_prefill_size

@@ -86,16 +86,7 @@ class StepMachine:
                     return
                 self._inflight_end = None
                 self._next_start = end
-                if self._first:
-                    first, self._first = self._first, []
-                    for req in first:
-                        req.on_first_token(req)
-                if self._done:
-                    done, self._done = self._done, []
-                    for req in done:
-                        req.finish_s = end
-                        if req.on_done is not None:
-                            req.on_done(req)
+                self._deliver(end)
             if self._at_boundary():
                 return
             start = self._next_start
@@ -109,12 +100,29 @@ class StepMachine:
             self._step(start)
             self._version += 1
 
+    def _deliver(self, end_s: float) -> None:
+        """First tokens and finished requests of the step that ended at ``end_s``, to their callbacks."""
+        if self._first:
+            first, self._first = self._first, []
+            for req in first:
+                req.on_first_token(req)
+        if self._done:
+            done, self._done = self._done, []
+            for req in done:
+                req.finish_s = end_s
+                if req.on_done is not None:
+                    req.on_done(req)
+
+    def _has_deliveries(self) -> bool:
+        """Something is delivered when the step in flight ends."""
+        return bool(self._done or self._first)
+
     def next_wakeup(self) -> Optional[float]:
         """When the engine next needs the clock, if nothing new arrives (None when idle)."""
         end = self._inflight_end
         if end is None:
             return None
-        if self._done or self._first:
+        if self._has_deliveries():
             return end
         bounds = self._stretch_bounds()
         if bounds is None:

@@ -161,6 +161,7 @@ class RReq:
         self.match_node = None
         self.last_token_s = None
         self.max_gap = math.nan
+        self.retracted = False  # overlap: retracted while the last batch's results were unprocessed
 
     def tokens(self, n: int) -> list:
         return [self.tokens_of(p) for p in range(n)]
@@ -196,6 +197,12 @@ class ReferenceSGLang:
         self.flush_times_s: list = []
         self.prefix_cache_queries = self.prefix_cache_hits = self.num_preemptions = 0
         self.prompt_tokens_total = self.generation_tokens_total = self.num_steps = 0
+        # overlap schedule: the last batch's results, processed after the next batch is launched
+        self.overlap = config.overlap_schedule
+        self.hidden = cost.hidden_cpu_s if config.overlap_schedule else 0.0
+        self.cold = True
+        self.results = None
+        self.num_dropped_tokens = 0  # tokens of retracted requests never processed (overlap)
 
     # ------------------------------------------------------------------ surface
     def stream(self, key: Hashable, base_tokens: int = 0) -> Stream:
@@ -259,20 +266,24 @@ class ReferenceSGLang:
                 end = self.inflight_end
                 self.inflight_end = None
                 self.next_start = end
-                first, self.first = self.first, []
-                for req in first:
-                    req.on_first_token(req)
-                done, self.done = self.done, []
-                for req in done:
-                    req.finish_s = end
-                    if req.on_done is not None:
-                        req.on_done(req)
+                self._deliver(end)
             if not self.all:
                 if self.flush_pending and self.next_start is not None:
                     self._flush(self.next_start)
                 self.next_start = None
+                self.cold = True
                 return
             self._iteration(self.next_start)
+
+    def _deliver(self, end: float) -> None:
+        first, self.first = self.first, []
+        for req in first:
+            req.on_first_token(req)
+        done, self.done = self.done, []
+        for req in done:
+            req.finish_s = end
+            if req.on_done is not None:
+                req.on_done(req)
 
     def next_wakeup(self) -> Optional[float]:
         return self.inflight_end
@@ -299,15 +310,27 @@ class ReferenceSGLang:
         assert self.available + self.tree.total_size() + held == self.config.pool_tokens
 
     # ------------------------------------------------------------------ one iteration
+    def _step_time(self, *features) -> float:
+        t = self.cost.step_time(*features) - (0.0 if self.cold else self.hidden)
+        self.cold = False
+        return t
+
     def _iteration(self, start: float) -> None:
+        last, self.results = self.results, None
+        left = self._schedule_and_run(start)
+        if self.overlap:  # event_loop_overlap: the batch is launched, now the last one's results
+            self._process(last)
+        if left is not None:  # stashed at the next get_next_batch_to_run
+            self._cache_unfinished(left)
+
+    def _schedule_and_run(self, start: float):
         batch = self._prefill_batch()
         if not batch and not self.running:
             self.shrunk = False
             self.batch_is_full = False
             batch = self._prefill_batch()
         if batch:
-            self._run_prefill(start, batch)
-            return
+            return self._run_prefill(start, batch)
         assert self.running, "stuck"
         shrunk, self.shrunk = self.shrunk, False
         if not self._check_mem(len(self.running)):
@@ -319,6 +342,7 @@ class ReferenceSGLang:
         if shrunk:
             self.batch_is_full = False
         self._run_decode(start)
+        return None
 
     def _check_mem(self, n: int) -> bool:
         if self.available < n:
@@ -336,6 +360,7 @@ class ReferenceSGLang:
             first = False
             r = order.pop()
             retracted.append(r)
+            r.retracted = True
             self.available += r.kv_len - r.protected
             if r.last_node is not None:
                 self.tree.dec(r.last_node)
@@ -359,10 +384,13 @@ class ReferenceSGLang:
         for r in self.running:
             r.kv_len += 1
         ctx = sum(r.kv_len for r in self.running)
-        end = start + self.cost.step_time(n, 0.0, ctx)
+        end = start + self._step_time(n, 0.0, ctx)
         self.inflight_end = end
         self.num_steps += 1
         self.generation_tokens_total += n
+        if self.overlap:
+            self.results = ("decode", list(self.running), end, None)
+            return
         keep = []
         for r in self.running:
             r.output += 1
@@ -491,40 +519,79 @@ class ReferenceSGLang:
             r.kv_len = r.prefix_len + extend
             r.already_computed = r.kv_len
             attention += extend * (r.prefix_len + extend / 2)
-        end = start + self.cost.step_time(total, attention, 0.0)
+        end = start + self._step_time(total, attention, 0.0)
         self.inflight_end = end
         self.num_steps += 1
         left = None
         finished = False
+        if self.overlap:  # everyone prefilled joins the running batch: nobody is known to have finished
+            done = [r for r, _, trunc in batch if not trunc]
+            self.generation_tokens_total += len(done)
+            self.running.extend(done)
+            self.results = ("prefill", done, end, {r: r.kv_len for r in done})
+            return next((r for r, _, trunc in batch if trunc), None)
         for r, extend, trunc in batch:
             if trunc:
                 left = r
                 continue
-            r.output += 1
             self.generation_tokens_total += 1
+            self._token(r, end)
             req = r.req
-            if req.first_token_s is None:
-                req.first_token_s = end
-                if req.on_first_token is not None:
-                    self.first.append(req)
-            elif r.last_token_s is not None:
-                gap = end - r.last_token_s
-                if not gap <= r.max_gap:
-                    r.max_gap = gap
-            r.last_token_s = end
             if r.output >= req.max_tokens:
                 self._finish(r)
                 finished = True
             else:
                 self._cache_unfinished(r)
                 self.running.append(r)
-        if left is not None:
-            self._cache_unfinished(left)
         if finished:
             self.batch_is_full = False
+        return left
 
-    def _cache_unfinished(self, r: RReq) -> None:
-        aligned = r.kv_len // self.page * self.page
+    def _token(self, r: RReq, end: float) -> None:
+        """A prefill's (or, processed late, any step's) token: the first, or a gap since the last."""
+        r.output += 1
+        req = r.req
+        if req.first_token_s is None:
+            req.first_token_s = end
+            if req.on_first_token is not None:
+                self.first.append(req)
+        elif r.last_token_s is not None:
+            gap = end - r.last_token_s
+            if not gap <= r.max_gap:
+                r.max_gap = gap
+        r.last_token_s = end
+
+    def _process(self, results) -> None:
+        """process_batch_result of the last batch (overlap): outputs, finishes, the tree, the client."""
+        if results is not None:
+            kind, reqs, end, prefill_kv = results
+            finished = False
+            for r in reqs:
+                if r.retracted:
+                    self.num_dropped_tokens += 1
+                if r.retracted or r.req.state == FINISHED:  # dropped (computed again later), or the
+                    continue  # token after a request's last, computed before the scheduler knew
+                self._token(r, end)
+                req = r.req
+                if r.output >= req.max_tokens:
+                    extra = r.kv_len - (r.fill - 1)  # the slot of the token computed after the last
+                    self.available += extra
+                    r.kv_len -= extra
+                    self.running.remove(r)
+                    self._finish(r)
+                    self.shrunk = True
+                    finished = finished or kind == "prefill"
+                elif kind == "prefill":
+                    self._cache_unfinished(r, prefill_kv[r])
+            if finished:
+                self.batch_is_full = False
+            self._deliver(end)
+        for r in self.all.values():
+            r.retracted = False
+
+    def _cache_unfinished(self, r: RReq, kv_len: Optional[int] = None) -> None:
+        kv_len = r.kv_len if kv_len is None else kv_len
+        aligned = kv_len // self.page * self.page
         new_prefix = self.tree.insert(r.tokens(aligned))
         if new_prefix > r.protected:
             self.available += new_prefix - r.protected
@@ -534,7 +601,7 @@ class ReferenceSGLang:
             self.tree.dec(r.last_node)
         self.tree.inc(node)
         r.protected = aligned
-        r.prefix_len = r.kv_len
+        r.prefix_len = kv_len
         r.last_node = node
 
     def _finish(self, r: RReq) -> None:

@@ -144,6 +144,18 @@ def test_fast_sglang_matches_reference(seed):
     assert_same(random_workload(seed), f"seed={seed}")
 
 
+def overlap_workload(seed: int) -> Workload:
+    """The seed's workload under SGLang's overlap schedule, hiding none, half or all of t0."""
+    wl = random_workload(seed)
+    hidden = random.Random(f"sglang-overlap/{seed}").choice([0.0, 0.5, 1.0]) * wl.cost.t0_s
+    return replace(wl, knobs={**wl.knobs, "overlap_schedule": True}, cost=replace(wl.cost, hidden_cpu_s=hidden))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_fast_sglang_matches_reference_with_the_overlap(seed):
+    assert_same(overlap_workload(seed), f"overlap seed={seed}")
+
+
 def test_random_workloads_exercise_the_hard_paths():
     """The seeds reach retraction, chunked prefill, hits, eviction misses, flushes, lpm and paging."""
     seen = dict.fromkeys(("retraction", "chunked", "hit", "flush", "eviction_miss", "lpm", "paged"), 0)

@@ -12,7 +12,7 @@ from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_s
 
 from routers import ROUTERS, make_router
 
-from ...sim.cost import PRESETS, StepCostModel
+from ...sim.cost import DEFAULT_PRESET, PRESETS, StepCostModel
 from ...sim.offload import (DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_KV_LAYERS, DEFAULT_LATENCY_S, DEFAULT_VLLM_VERSION,
                            OffloadConfig, copy_piece_bytes, effective_bandwidth_bytes_per_s, parse_vllm_version)
 
@@ -33,6 +33,10 @@ class SGLangOptionsSpec(_Model):
     min_new_token_ratio_factor: float = Field(0.14, gt=0, le=1, description="The ratio decays to init x this.")
     new_token_ratio_decay_steps: int = Field(600, gt=0, description="Decode steps from init to min.")
     retract_decode_steps: int = Field(20, ge=0, description="Decode steps per request assumed after a retraction.")
+    overlap_schedule: bool = Field(
+        True, description="SGLang's overlap schedule (its default; false is --disable-overlap-schedule): the next "
+                          "batch is scheduled while the GPU computes, hiding the cost model's hidden_cpu_s, and a "
+                          "batch's results reach the scheduler one batch late (docs/engine-model.md#sglang-flavour).")
 
 
 class OffloadSpec(_Model):
@@ -142,8 +146,9 @@ class SimEngineSpec(_Model):
         True, description="Admit a waiting request only if its whole prompt fits (vLLM 0.33); "
                           "false: hit + first chunk (vLLM 0.11).")
     cost_model: Union[str, dict] = Field(
-        "qwen3-8b-mi300x",
-        description="Step-cost model: a preset name, a path to a cost.json, or the constants inline.")
+        DEFAULT_PRESET["vllm"],
+        description="Step-cost model: a preset name, a path to a cost.json, or the constants inline; default: "
+                    "qwen3-8b-mi300x, sglang-qwen3-8b-mi300x for flavor sglang.")
     offload: Optional[OffloadSpec] = Field(
         None, description="A CPU KV offload tier (flavor vllm), e.g. {cpu_tokens: 900000}; default: none.")
     # added with deployments (docs/deployments.md)
@@ -186,6 +191,15 @@ class SimEngineSpec(_Model):
         if self.replica_specs is None:
             return [self.model_copy(update=one)] * self.replicas
         return [self.model_copy(update={**one, **r.fields()}) for r in self.replica_specs]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flavour_cost_model(cls, data: Any) -> Any:
+        # the sglang flavour's default preset is SGLang's (vLLM's constants, the overlap's share);
+        # written into the resolved spec, so a rerun of it keeps it
+        if isinstance(data, dict) and data.get("flavor") == "sglang" and "cost_model" not in data:
+            data = {**data, "cost_model": DEFAULT_PRESET["sglang"]}
+        return data
 
     @field_validator("cost_model")
     @classmethod

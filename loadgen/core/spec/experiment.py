@@ -278,7 +278,12 @@ def _format_errors(exc: ValidationError, source: str) -> str:
     lines = [f"{source}: invalid spec"]
     for err in exc.errors():
         # pydantic puts the discriminator's value into the location (engine.sim.pool_tokens)
-        parts = [p for p in err["loc"] if p not in _KIND_TAGS]
+        # (a tag right after a dropped one is a field: engine.sim.sglang.page_size is engine.sglang.page_size)
+        parts, dropped = [], False
+        for p in err["loc"]:
+            dropped = p in _KIND_TAGS and not dropped
+            if not dropped:
+                parts.append(p)
         loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".") or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
