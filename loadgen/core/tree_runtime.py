@@ -148,8 +148,8 @@ class TreeRuntime:
     async def turn_done(self, node: TreeSession, turn: int, context_after: int,
                         output_ids: Optional[list] = None, output_text: Optional[str] = None) -> int:
         """Turn ``turn`` of ``node`` has its response (``context_after``: prompt + output; live, the
-        output's ``output_ids`` and ``output_text``): start the branches after it; if the next turn joins branches, wait
-        for them. Returns the tokens the joins append to the next prompt."""
+        output's ``output_ids`` and ``output_text``): start the branches after it; if the next turn
+        joins branches, wait for them. Returns the tokens the joins append to the next prompt."""
         tree = node.tree
         if node.calls_open:  # the turn ends when its parallel calls have ended
             await self._wait(node, lambda: not node.calls_open)
