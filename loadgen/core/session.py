@@ -219,9 +219,10 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
             make_context = getattr(engine, "session_context", None)
             tokens = (make_context(shape, plan.token_key, sid) if make_context is not None
                       else TokenContext(shape, plan.token_key, sid))
-            await tokens.start()
-        if node is not None:  # a fork's or a parallel call's prompt begins with its parent's exact ids
+        if node is not None:  # a fork's or a parallel call's prompt begins with its parent's exact context
             env.trees.context_started(node, tokens)
+        if ready is None:
+            await tokens.start()
     # A gate in another process (actors.fleet.RemoteGate) cannot answer on the spot: it returns
     # an awaitable of the answer (None: go; else a future to await), one round trip per turn.
     gate_answers_later = getattr(gateway, "answers_later", False)
@@ -298,7 +299,7 @@ async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> N
         # the engine's service time of the attempt that answered: what the gateway's policy reads
         gateway.turn_completed(sid, result.finish_s - sent)
         # a tree's turn starts its branches; the next may wait for them and append their results
-        joined = (await env.trees.turn_done(node, k, context + output, result.output_token_ids)
+        joined = (await env.trees.turn_done(node, k, context + output, result.output_token_ids, result.output_text)
                   if node is not None else 0)
         if k == num_turns - 1:
             break

@@ -40,7 +40,8 @@ class TreeSession:
     """One session of a running tree."""
 
     __slots__ = ("session_id", "tree_id", "parent", "edge", "depth", "tree", "plan", "fork_tokens",
-                 "ended_children", "waiter", "root", "held", "calls_open", "tokens", "fork_ids")
+                 "ended_children", "waiter", "root", "held", "calls_open", "tokens", "fork_ids",
+                 "fork_head")
 
     def __init__(self, plan: SessionPlan, tree_id: int, parent: Optional["TreeSession"],
                  edge: tuple, depth: int, fork_tokens: int, root: Optional["_TreeState"]) -> None:
@@ -61,6 +62,7 @@ class TreeSession:
         self.calls_open = 0  # its parallel calls still running (leaves: edge (-1, k))
         self.tokens = None  # its token ids (live runs: loadgen/core/session.py TokenContext)
         self.fork_ids: Optional[list] = None  # live: the parent's ids it begins with, taken when it forks
+        self.fork_head: Optional[tuple] = None  # live, text prompts: the parent's messages (or text) likewise
 
     @property
     def parent_id(self) -> Optional[int]:
@@ -128,27 +130,32 @@ class TreeRuntime:
         return self.sessions.get(session_id)
 
     def context_started(self, node: TreeSession, tokens) -> None:
-        """A live session's token ids: a fork's (or parallel call's) first ``fork_tokens`` are its
-        parent's, as the parent sent and received them, so a server's prefix cache can hit them:
-        a fork's were taken when it forked (the parent's prompt and the response's output ids), a
-        parallel call's are its turn's prompt (built before the call is sent)."""
+        """A live session's context, before it is built (``start``): a fork's (or parallel call's)
+        first ``fork_tokens`` are its parent's, as the parent sent and received them, so a server's
+        prefix cache can hit them: a fork's were taken when it forked (the parent's prompt and the
+        response's output ids), a parallel call's are its turn's prompt (built before the call is
+        sent). Text prompts (chat messages, completions text) likewise begin with the parent's
+        messages as sent, then the returned text as the assistant's message (``TextContext.fork``)."""
         node.tokens = tokens
         if not node.fork_tokens or tokens is None:
+            return
+        if tokens.ids is None:
+            tokens.fork(node.fork_head, node.fork_tokens)
             return
         ids = node.fork_ids if node.fork_ids is not None else node.parent.tokens.ids[:node.fork_tokens]
         tokens.ids[:len(ids)] = ids
 
     async def turn_done(self, node: TreeSession, turn: int, context_after: int,
-                        output_ids: Optional[list] = None) -> int:
+                        output_ids: Optional[list] = None, output_text: Optional[str] = None) -> int:
         """Turn ``turn`` of ``node`` has its response (``context_after``: prompt + output; live, the
-        output's ``output_ids``): start the branches after it; if the next turn joins branches, wait
-        for them. Returns the tokens the joins append to the next prompt."""
+        output's ``output_ids`` and ``output_text``): start the branches after it; if the next turn
+        joins branches, wait for them. Returns the tokens the joins append to the next prompt."""
         tree = node.tree
         if node.calls_open:  # the turn ends when its parallel calls have ended
             await self._wait(node, lambda: not node.calls_open)
         for b, branch in enumerate(tree.branches):
             if branch.after_turn == turn:
-                self._spawn(node, b, context_after, output_ids)
+                self._spawn(node, b, context_after, output_ids, output_text)
         joined = 0
         for b, branch in enumerate(tree.branches):
             if branch.join_turn != turn + 1:
@@ -190,7 +197,10 @@ class TreeRuntime:
                 self._start(node, SessionPlan(sid, self.clock.now(), leaf, is_trigger=node.plan.is_trigger,
                                               token_key=node.plan.token_key, tree=Tree(leaf)),
                             (-1, turn), prompt_tokens)
-                self.sessions[sid].held = prompt_tokens  # the turn's own call, just sent, holds all it shares
+                call = self.sessions[sid]
+                call.held = prompt_tokens  # the turn's own call, just sent, holds all it shares
+                if node.tokens is not None and node.tokens.ids is None:  # text: the turn's messages as sent
+                    call.fork_head = node.tokens.fork_head()
                 node.calls_open += 1
 
     def _start(self, parent: TreeSession, plan: SessionPlan, edge: tuple, fork_tokens: int) -> None:
@@ -204,7 +214,8 @@ class TreeRuntime:
             self.gateway.admit_on_arrival.add(plan.session_id)
         self.clock.call_at(plan.arrival_s, self.start, plan)
 
-    def _spawn(self, node: TreeSession, b: int, context_after: int, output_ids: Optional[list]) -> None:
+    def _spawn(self, node: TreeSession, b: int, context_after: int, output_ids: Optional[list],
+               output_text: Optional[str]) -> None:
         branch = node.tree.branches[b]
         state = node.root
         now = self.clock.now()
@@ -217,7 +228,10 @@ class TreeRuntime:
             fork_tokens = min(context_after, child.tree.prompt_tokens(0)) if branch.mode == FORK else 0
             self._start(node, plan, (b, c), fork_tokens)
             if fork_tokens and node.tokens is not None:
-                self.sessions[sid].fork_ids = _fork_ids(node.tokens.ids, output_ids, context_after, fork_tokens)
+                if node.tokens.ids is None:  # text: the parent's messages as sent and the text returned
+                    self.sessions[sid].fork_head = node.tokens.fork_head(output_text)
+                else:
+                    self.sessions[sid].fork_ids = _fork_ids(node.tokens.ids, output_ids, context_after, fork_tokens)
 
     def ended(self, node: TreeSession) -> None:
         """``node``'s session has ended (its last turn, or a turn that failed)."""

@@ -158,6 +158,7 @@ class TextContext:
         self.planned_tokens = shape.initial_tokens
         self.drift_tokens = 0  # of the previous turn's prompt + output, what this prompt does not start with
         self._hint: Optional[Encoded] = None  # the current prompt's encoding, to count the next one from
+        self._head: Optional[tuple] = None  # a fork's first content (``fork``), else the system prompt
 
     @property
     def content(self) -> Any:
@@ -178,7 +179,25 @@ class TextContext:
         self._num_used += n
         return self._drawn[self._num_used - n:self._num_used]
 
+    def fork_head(self, returned: Optional[str] = None) -> tuple:
+        """What a fork of this context begins with (loadgen/core/tree_runtime.py): the prompt as
+        sent and, after a turn (``returned``: the text the server returned), that text as the
+        assistant's, so a server's prefix cache holds the fork's whole head; with its hint."""
+        if returned is None:
+            return (self.messages if self.chat else self.text), self._hint
+        if self.chat:
+            return Messages([*self.messages, {"role": "assistant", "content": returned}], self.messages), self._hint
+        return self.text + returned, self._hint
+
+    def fork(self, head: tuple, head_tokens: int) -> None:
+        """Begin with ``head`` (another context's ``fork_head``, about ``head_tokens`` tokens)
+        instead of the system prompt: ``start`` then writes this session's own first message after it."""
+        self._head = (*head, head_tokens)
+
     async def start(self) -> None:
+        if self._head is not None:
+            await self._start_forked()
+            return
         b = self.builder
         shape = self.shape
         head: Any = [] if self.chat else ""
@@ -200,6 +219,26 @@ class TextContext:
         b.start_overhead = len(ids) - len(head_ids) - n
         if self.chat:
             self.messages = Messages(content)
+        else:
+            self.text = content
+
+    async def _start_forked(self) -> None:
+        """The parent's messages (or text) as the fork's head, then a user message (or text) of
+        this session's own words, fitted so the first prompt has the planned length."""
+        b = self.builder
+        head, hint, head_tokens = self._head
+        own = max(self.shape.initial_tokens - head_tokens, 0)
+        indices = self._indices(own)
+        if self.chat:
+            def make(n):
+                return [*head, {"role": "user", "content": b.text(indices, n)}]
+        else:
+            def make(n):
+                return head + " " + b.text(indices, n)
+        content, ids, self._hint, _ = await b.fit(make, self.shape.initial_tokens, own, len(indices), hint=hint)
+        self._ids = Segments.of(ids)
+        if self.chat:
+            self.messages = Messages(content, head)
         else:
             self.text = content
 

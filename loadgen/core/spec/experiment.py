@@ -246,16 +246,13 @@ _KIND_TAGS = {"sim", "openai", "vllm", "sglang", "serve_sim", "synthetic", "sweb
 
 def _check_trees(spec: "ExperimentSpec") -> None:
     """Where session trees run: the simulator (no CPU offload tier, a deployment-wide gate), or live
-    against an endpoint with token-id prompts (docs/trace-shapes.md#running-trees)."""
+    against an endpoint, with either API (docs/trace-shapes.md#running-trees)."""
     shapes = [spec.workload.sessions] + [t.sessions for a in spec.arms for t in a.triggers
                                          if isinstance(t, MixShiftTrigger)]
     if not any(draws_trees(s) for s in shapes):
         return
     if not isinstance(spec.engine, SimEngineSpec):
-        # live: token-id prompts, whose forks resend the parent's exact ids (loadgen/core/tree_runtime.py)
-        if spec.engine.api != "completions":
-            raise ValueError("engine.api: session trees replay live with api completions (token ids) only; "
-                             "api chat is not yet supported")
+        # live: a fork resends its parent's exact ids or messages (loadgen/core/tree_runtime.py)
         if spec.engine.gateway is not None:
             raise ValueError("engine.gateway: session trees do not run behind the loadgen gateway proxy yet (its "
                              "gate does not know which parents wait for their children)")
