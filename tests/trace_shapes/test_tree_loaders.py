@@ -241,14 +241,18 @@ def test_a_spec_runs_linear_sessions_of_a_tree_format(tmp_path):
     assert turns and {t["prompt_tokens"] for t in turns} <= {500, 600, 400}
 
 
-def test_loadgen_validate_exits_2_on_trees_on_a_chat_endpoint(tmp_path):
+def test_loadgen_validate_takes_trees_on_a_chat_endpoint_and_refuses_them_behind_the_gateway(tmp_path):
     data = make_spec_dict()
     data["engine"] = {"kind": "openai", "url": "http://127.0.0.1:9/v1", "model": "m", "api": "chat"}
     data["workload"]["sessions"] = {"kind": "trace_file", "path": str(TREES / "tree.jsonl"), "format": "tree"}
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(json.dumps(data))
     proc = _loadgen("validate", str(spec_path))
-    assert proc.returncode == 2 and "session trees replay live with api completions" in proc.stderr, proc.stderr
+    assert proc.returncode == 0, proc.stderr  # a fork resends its parent's messages (loadgen/live/chat.py)
+    data["engine"]["gateway"] = {}
+    spec_path.write_text(json.dumps(data))
+    proc = _loadgen("validate", str(spec_path))
+    assert proc.returncode == 2 and "engine.gateway: session trees do not run" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 
 
