@@ -58,16 +58,29 @@ def _ttft(m: Measurement) -> Measurement:
     return replace(m, num_requests=1.0)
 
 
+def queue_label(num_requests: int, new: int, cached: int, loaded: bool = False) -> str:
+    return (f"{'loaded queue' if loaded else 'queue'} of {num_requests}: "
+            f"{f'{new} new on {cached} cached' if cached else f'{new} new, cold'}")
+
+
 @dataclass(frozen=True)
 class CalibrationPlan:
     cold_contexts: tuple[int, ...] = (16, 1000, 2000, 4000, 8000, 12000, 16000)
     # (cached, new): small additions on long cached contexts pin the attention term b (b * new *
     # cached outweighs a * new once cached > a / b, ~17K tokens on the 8B preset)
     incremental: tuple[tuple[int, int], ...] = ((2000, 1000), (6000, 500), (12000, 1000), (16000, 250))
-    decode: tuple[tuple[int, int], ...] = ((1, 1000), (1, 8000), (4, 2000), (8, 4000), (16, 1000))
+    # (batch, context): the last two put ~72K tokens of context in one step, so that the decode
+    # attention term g carries more of a row than the step's overhead t0 even where g is small
+    # (the tiny CPU model's ~0.1 us per token); two, so that a resample of the class keeps one
+    decode: tuple[tuple[int, int], ...] = ((1, 1000), (1, 8000), (4, 2000), (8, 4000), (16, 1000), (12, 6000),
+                                           (6, 12000))
     decode_tokens: int = 64
-    # (requests, new tokens each, cached shared prefix): queues a collapsed engine works through
-    queues: tuple[tuple[int, int, int], ...] = ((16, 2000, 2000), (12, 6000, 2000))
+    # (requests, new tokens each, cached shared prefix): queues a collapsed engine works through;
+    # then short cold prompts filling whole steps, mostly per-token cost a: where a long
+    # prefill's attention outweighs a (past a / b tokens, ~200 on the tiny CPU model) no other
+    # row separates a from b
+    queues: tuple[tuple[int, int, int], ...] = ((16, 2000, 2000), (12, 6000, 2000), (16, 512, 0), (32, 256, 0),
+                                                (64, 128, 0))
     queue_output_tokens: int = 8
     # (requests, new tokens each, cached shared prefix): queues whose prefills take many steps
     # while the first admitted decode beside them over a long context, the steps of a loaded
@@ -84,6 +97,38 @@ class CalibrationPlan:
         admitted first ride beside the rest, ~10% of the row's time when the term is g (the 8B
         preset at 8192 tokens a step, the CPU preset at 2048)."""
         return (16 * chunk_tokens // 512, 512, 12_000)
+
+    # Each row's features as the fit sees them, from what was measured (``seconds``) and the
+    # cached tokens the server reported (``hit``).
+    def cold_row(self, context: int, seconds: float) -> Measurement:
+        return _ttft(prefill(f"cold prefill {context}", seconds, context, chunk_tokens=self.chunk_tokens,
+                             source="measured"))
+
+    def incremental_row(self, cached: int, new: int, hit: int, seconds: float) -> Measurement:
+        return _ttft(prefill(f"{new} new on {cached} cached (hit {hit})", seconds, cached + new - hit, hit,
+                             chunk_tokens=self.chunk_tokens, source="measured"))
+
+    def decode_row(self, batch: int, context: int, step_s: float) -> Measurement:
+        return decode_step(f"decode batch {batch} at {context}", step_s, batch, context + self.decode_tokens // 2,
+                           source="measured")
+
+    def queue_row(self, num_requests: int, new: int, cached: int, hit: int, seconds: float,
+              loaded: bool = False) -> Measurement:
+        out = self.loaded_output_tokens if loaded else self.queue_output_tokens
+        return queue_drain(f"{queue_label(num_requests, new, cached, loaded)} (hit {hit}), {out} out", seconds,
+                           num_requests, cached + new - hit, hit, out, chunk_tokens=self.chunk_tokens,
+                           source="measured")
+
+    def expected_rows(self, block_size: int) -> list[tuple[str, Measurement]]:
+        """(kind, features) of every row, before any is measured: the hits a server of
+        ``block_size``-token blocks reports (whole blocks) and 0 seconds. Which rows carry which
+        coefficient, and so whether the plan can pin each down, shows here."""
+        hit = lambda cached: cached - cached % block_size
+        return [*(("cold", self.cold_row(c, 0.0)) for c in self.cold_contexts),
+                *(("incremental", self.incremental_row(c, n, hit(c), 0.0)) for c, n in self.incremental),
+                *(("decode", self.decode_row(b, c, 0.0)) for b, c in self.decode),
+                *(("queue", self.queue_row(q, n, c, hit(c), 0.0)) for q, n, c in self.queues),
+                *(("loaded", self.queue_row(q, n, c, hit(c), 0.0, loaded=True)) for q, n, c in self.loaded_queues)]
 
     def largest_context(self) -> int:
         return max([*self.cold_contexts, *(c + n for c, n in self.incremental),
@@ -210,9 +255,7 @@ class Calibrator:
             return self._s(r.first_token_s - r.submitted_s), 0, self._hit_problem(f"cold prefill {context}", [r], 0)
 
         measured = await self._repeat(f"cold prefill {context}", attempt)
-        m = _ttft(prefill(f"cold prefill {context}", statistics.median(x[0] for x in measured), context,
-                          chunk_tokens=self.plan.chunk_tokens, source="measured"))
-        return self._row(m, "cold", measured)
+        return self._row(self.plan.cold_row(context, statistics.median(x[0] for x in measured)), "cold", measured)
 
     async def incremental(self, cached: int, new: int) -> CalibrationRow:
         async def attempt():
@@ -225,8 +268,7 @@ class Calibrator:
 
         measured = await self._repeat(f"{new} new on {cached} cached", attempt)
         hit = int(statistics.median(x[1] for x in measured))
-        m = _ttft(prefill(f"{new} new on {cached} cached (hit {hit})", statistics.median(x[0] for x in measured),
-                          cached + new - hit, hit, chunk_tokens=self.plan.chunk_tokens, source="measured"))
+        m = self.plan.incremental_row(cached, new, hit, statistics.median(x[0] for x in measured))
         return self._row(m, "incremental", measured)
 
     async def decode(self, batch: int, context: int) -> CalibrationRow:
@@ -252,16 +294,17 @@ class Calibrator:
         if step_s <= 0:
             raise PreflightError(f"decode at batch {batch}, context {context}: generating {m} tokens took no "
                                  "longer than 1; raise decode_tokens")
-        return self._row(decode_step(label, step_s, batch, context + m // 2, source="measured"), "decode", measured)
+        return self._row(self.plan.decode_row(batch, context, step_s), "decode", measured)
 
     async def queue(self, num_requests: int, new: int, cached: int, loaded: bool = False) -> CalibrationRow:
         """A queue drained at once; ``loaded``: one of the plan's loaded queues (kind "loaded")."""
         out = self.plan.loaded_output_tokens if loaded else self.plan.queue_output_tokens
-        label = f"{'loaded queue' if loaded else 'queue'} of {num_requests}: {new} new on {cached} cached"
+        label = queue_label(num_requests, new, cached, loaded)
 
         async def attempt():
             prefix = self._prompt(cached)
-            await self._send(prefix, 1)  # the shared prefix, cached
+            if cached:
+                await self._send(prefix, 1)  # the shared prefix, cached
             results = await asyncio.gather(*(self._send(prefix + self._prompt(new), out)
                                              for _ in range(num_requests)))
             seconds = self._s(max(r.finish_s for r in results) - min(r.submitted_s for r in results))
@@ -269,9 +312,7 @@ class Calibrator:
 
         measured = await self._repeat(label, attempt)
         hit = int(statistics.median(x[1] for x in measured))
-        m = queue_drain(f"{label} (hit {hit}), {out} out", statistics.median(x[0] for x in measured),
-                        num_requests, cached + new - hit, hit, out, chunk_tokens=self.plan.chunk_tokens,
-                        source="measured")
+        m = self.plan.queue_row(num_requests, new, cached, hit, statistics.median(x[0] for x in measured), loaded)
         return self._row(m, "loaded" if loaded else "queue", measured)
 
     async def run(self) -> list[CalibrationRow]:

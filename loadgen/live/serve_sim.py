@@ -53,6 +53,7 @@ from .http_client import LAG_PATH
 from .prefix_match import BlockHashMatcher, Placement, TokenMatcher
 from .tokenizer import SPECIAL_TOKENS, LocalTokenizer, render_simple, single_token_words
 from ..sim import EngineConfig, SimRequest, StepCostModel
+from ..sim.jitter import StepJitter
 from ..sim.sglang_engine import SGLangConfig
 
 LOG = logging.getLogger("loadgen.serve_sim")
@@ -175,6 +176,7 @@ class SimServer:
         self.model = model
         # which engine's API surface is served follows the engine: SGLang's radix cache or vLLM's pool
         self.flavor = "sglang" if isinstance(config, SGLangConfig) else "vllm"
+        self.seed = seed
         self._rng = rng_for(Stream.SERVE_SIM_OUTPUT, seed)
         self.client: Optional[SimEngineClient] = None
         self.mapper = PromptMapper(config.block_size)  # vLLM with the host tier
@@ -195,6 +197,9 @@ class SimServer:
     def _engine(self) -> SimEngineClient:
         if self.client is None:  # needs the running loop
             self.client = SimEngineClient(WallClock(self.time_scale), self.config, self.cost)
+            if self.cost.step_jitter_sigma > 0:  # a calibrated cost.json: steps as noisy as the engine it measured
+                self.client.engine.jitter = StepJitter(self.cost.step_jitter_sigma,
+                                                       rng_for(Stream.STEP_JITTER, self.seed, "serve-sim", 0, 0))
             if self._match_blocks:
                 self._matcher = BlockHashMatcher(self.client.engine, self.config.block_size)
             if self._tokens is not None:

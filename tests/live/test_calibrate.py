@@ -171,3 +171,39 @@ def test_calibrate_recovers_a_known_mixed_step_decode_term(serve_sim_factory, tm
     assert check_rows(LOADED_TRUTH, result.rows, overhead, tolerance=0.05).classes["loaded"]["passed"]
     without = dataclasses.replace(LOADED_TRUTH, mixed_decode_s_per_token=0.0)
     assert not check_rows(without, result.rows, overhead, tolerance=0.05).classes["loaded"]["passed"]
+
+
+def _noisy_rows(plan: CalibrationPlan, model: StepCostModel, block_size: int, sigma: float, seed: int):
+    """The plan's rows as an engine of ``model`` would give them, every repeat off by a lognormal
+    factor of ``sigma`` (the real CPU vLLM's one-step rows spread 0.07-0.11), with 5 ms of
+    request round trip."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for kind, m in plan.expected_rows(block_size):
+        seconds = model.predict(m) + 0.005 * m.num_requests
+        samples = (seconds * np.exp(rng.normal(0.0, sigma, plan.repeats))).tolist()
+        rows.append(CalibrationRow(dataclasses.replace(m, seconds=float(np.median(samples))), kind, samples))
+    return rows
+
+
+@pytest.mark.parametrize("preset, chunk_tokens, block_size, min_pinned",
+                         [("vllm-cpu-tiny-qwen3", 2048, 128, 7), ("qwen3-8b-mi300x", 8192, 16, 10)])
+def test_the_default_plan_pins_every_coefficient_under_step_noise(preset, chunk_tokens, block_size, min_pinned):
+    """On the tiny CPU model a long prefill is nearly all attention and a decode nearly all step
+    overhead: without short cold prompts filling whole steps and decodes over ~72K tokens of
+    context, the default plan could not pin a (or g) down under the noise of a real engine."""
+    from loadgen.live.calibration_stats import identify
+    from loadgen.sim.cost import get_preset
+
+    model = get_preset(preset)
+    plan = CalibrationPlan(repeats=5, chunk_tokens=chunk_tokens)
+    narrow = dataclasses.replace(plan, decode=plan.decode[:5], queues=plan.queues[:2])  # the plan before them
+
+    def pinned(p):
+        return sum(not identify(_noisy_rows(p, model, block_size, 0.1, seed), seed=seed, num_resamples=100)
+                   .unidentified() for seed in range(10))
+
+    assert pinned(plan) >= min_pinned  # of 10 noise draws
+    assert pinned(narrow) <= 2

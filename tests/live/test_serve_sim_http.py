@@ -60,3 +60,29 @@ def test_bad_serve_sim_options_are_clear_errors(capsys, argv, message):
     assert main(["serve-sim", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err
+
+
+@pytest.mark.parametrize("sigma", [0.0, 0.4])
+def test_serve_sim_steps_with_the_jitter_its_cost_model_measured(serve_sim_factory, tmp_path, sigma):
+    """A calibrated cost.json carries the engine's step jitter; serve-sim standing in for that
+    engine is then as noisy (and exactly as steady without it)."""
+    import json
+    import statistics
+
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"name": "jittery", "t0_s": 0.05, "a_s_per_token": 0.0, "b_s_per_token2": 0.0,
+                                "g_s_per_token": 0.0, "step_jitter_sigma": sigma}))
+    server = serve_sim_factory(1.0, "--cost-model", str(cost))
+
+    async def go():
+        client = OpenAIEngineClient(WallClock(), EndpointOptions(url=server.url, model="sim"))
+        try:  # one 50 ms step each: 16 fresh one-block prompts, one after another
+            return [await client.generate(TurnRequest(1, i, 16, 1, token_ids=[i * 100 + k + 1 for k in range(16)]))
+                    for i in range(16)]
+        finally:
+            await client.close()
+
+    ttfts = [r.first_token_s - r.submitted_s for r in asyncio.run(go())]
+    spread = statistics.pstdev(ttfts) / statistics.median(ttfts)
+    # lognormal with sd 0.4: a spread near 0.4; without jitter only the machine's timers (< 0.1)
+    assert (spread > 0.2) if sigma else (spread < 0.1), ttfts
