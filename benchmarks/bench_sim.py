@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from loadgen.compiled import COMPILED_MODULES, compiled_modules  # noqa: E402
 from loadgen.core.runner import RunKey, run_simulated  # noqa: E402
 from loadgen.core.spec import load_spec, parse_seeds  # noqa: E402
 
@@ -65,6 +66,7 @@ def bench(repeats: int, seeds: list[int], flavors: list[str]) -> dict:
                 "simulated_s_per_wall_s": spec.duration_s / statistics.median(times),
                 "peak_traced_mib": peak_mib,
             }
+    results["compiled_modules"] = len(compiled_modules())
     results["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return results
 
@@ -84,7 +86,8 @@ def main() -> None:
                   f"CPU {r['cpu_s_median'] * 1000:.1f}), "
                   f"{r['engine_steps_mean']:,.0f} engine steps, {r['turns_mean']:,.0f} turns, "
                   f"{r['simulated_s_per_wall_s']:,.0f}x real time, peak {r['peak_traced_mib']:.1f} MiB traced")
-    print(f"peak RSS {results['peak_rss_mib']:.0f} MiB")
+    print(f"peak RSS {results['peak_rss_mib']:.0f} MiB; compiled modules: {results['compiled_modules']} "
+          f"of {len(COMPILED_MODULES)} (LOADGEN_PURE_PYTHON=1 runs them as Python)")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
 

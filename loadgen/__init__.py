@@ -12,7 +12,10 @@ simulated runner), ``loadgen.sim`` (the engine), ``loadgen.live`` (HTTP client, 
 serve-sim, calibration), ``loadgen.analysis`` (outcomes, statistics, tables, figures), ``loadgen.cli``.
 """
 
+from . import compiled as _compiled
 from .version import __version__
+
+_compiled.install()  # before any compiled module loads: stale or switched-off ones run as Python
 
 _LAZY = {
     "load_spec": "core.spec", "parse_spec": "core.spec", "parse_seeds": "core.spec", "ExperimentSpec": "core.spec",

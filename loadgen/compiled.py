@@ -1,0 +1,91 @@
+"""Which of the simulator's hot modules run compiled, and the switch back to pure Python.
+
+``pip install`` compiles the modules in ``COMPILED_MODULES`` with Cython when it can (setup.py;
+a machine without a C compiler gets none of them and runs the same code as Python). A compiled
+module is the same source, so a run gives the same bytes either way
+(tests/test_compiled.py compares whole results directories).
+
+A compiled module is used only while it is newer than its source: after an edit or a checkout,
+the edited module runs as Python instead of the compiled copy of an older source, silently (a
+warning would change what every command prints to stderr) until ``pip install -e .`` rebuilds
+it; ``compiled_modules()`` says which run compiled (benchmarks/bench_sim.py prints it).
+``LOADGEN_PURE_PYTHON=1`` runs every module as Python.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+__all__ = ["COMPILED_MODULES", "PURE_PYTHON_ENV", "install", "compiled_modules"]
+
+PURE_PYTHON_ENV = "LOADGEN_PURE_PYTHON"
+
+# the innermost loops of a simulated run (profile in benchmarks/README.md): the step machine and
+# the engines' scheduling, the virtual clock, the session loop and the engine adapter
+COMPILED_MODULES = (
+    "loadgen.sim.step_machine",
+    "loadgen.sim.engine",
+    "loadgen.sim.vllm_admission",
+    "loadgen.sim.kv_pool",
+    "loadgen.sim.sglang_engine",
+    "loadgen.sim.radix_cache",
+    "loadgen.core.clock",
+    "loadgen.core.session",
+    "loadgen.core.engines",
+)
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _paths(name: str) -> tuple[Path, Optional[Path]]:
+    """A module's source and its compiled file next to it (None when there is none)."""
+    source = _ROOT.joinpath(*name.split(".")).with_suffix(".py")
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = source.with_suffix(suffix)
+        if candidate.exists():
+            return source, candidate
+    return source, None
+
+
+class _SourceFirst(importlib.abc.MetaPathFinder):
+    """Loads the listed modules from their ``.py`` even where a compiled file sits beside it."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self.names:
+            return None
+        source, _ = _paths(fullname)
+        return importlib.util.spec_from_file_location(fullname, source)
+
+
+def _stale(source: Path, compiled: Path) -> bool:
+    """The source changed after it was compiled."""
+    return source.stat().st_mtime > compiled.stat().st_mtime
+
+
+def install() -> None:
+    """Decide, once per process and before any listed module is imported, which run compiled."""
+    if any(isinstance(f, _SourceFirst) for f in sys.meta_path):
+        return
+    pure_everywhere = os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0")
+    as_python = set()
+    for name in COMPILED_MODULES:
+        source, compiled = _paths(name)
+        if compiled is not None and (pure_everywhere or _stale(source, compiled)):
+            as_python.add(name)
+    if as_python:
+        sys.meta_path.insert(0, _SourceFirst(as_python))
+
+
+def compiled_modules() -> list[str]:
+    """The listed modules this process runs compiled (imported ones only)."""
+    return [name for name in COMPILED_MODULES
+            if name in sys.modules and not str(getattr(sys.modules[name], "__file__", "")).endswith(".py")]
