@@ -34,6 +34,8 @@ COMPILED_MODULES = (
     "loadgen.sim.vllm_admission",
     "loadgen.sim.kv_pool",
     "loadgen.sim.sglang_engine",
+    "loadgen.sim.sglang_prefill",
+    "loadgen.sim.sglang_overlap",
     "loadgen.sim.radix_cache",
     "loadgen.core.clock",
     "loadgen.core.session",
