@@ -91,7 +91,7 @@ def _plot_pair(
 ) -> None:
     """Save a seed's pair figure (``pair_figure``)."""
     fig = pair_figure(seed, runs, colors, experiment)
-    fig.savefig(path, dpi=DPI)
+    save_png(fig, path)
     plt.close(fig)
 
 
@@ -182,7 +182,7 @@ def _plot_overview(
     fig.suptitle(
         f"{experiment}: token-weighted hit ratio per {WINDOW_S / 60:g}-minute window, all seeds"
     )
-    fig.savefig(path, dpi=DPI)
+    save_png(fig, path)
     plt.close(fig)
 
 
@@ -246,7 +246,26 @@ def figure_jobs(results_dir: str | os.PathLike, summary: Mapping[str, Any],
 
 
 def save_figure(make: Callable[[], Figure], path: Path) -> None:
-    make().savefig(path, dpi=DPI)
+    save_png(make(), path)
+
+
+def save_png(fig: Figure, path: Path) -> None:
+    """``fig.savefig(path, dpi=DPI)``, the same bytes, laid out once. With a layout engine on,
+    savefig draws the whole figure twice: once (drawing nothing) only to run the layout, once
+    for the pixels. Running the layout here at the same dpi and turning the engine off leaves
+    savefig one draw; the layout is the same, so the PNG is byte for byte the same."""
+    engine = fig.get_layout_engine()
+    if engine is not None and not _is_placeholder(engine):
+        fig.set_dpi(DPI)
+        engine.execute(fig)
+        fig.set_layout_engine(None)
+    fig.savefig(path, dpi=DPI)
+
+
+def _is_placeholder(engine: Any) -> bool:
+    from matplotlib.layout_engine import PlaceHolderLayoutEngine
+
+    return isinstance(engine, PlaceHolderLayoutEngine)
 
 
 # --------------------------------------------------------------------------------------------
