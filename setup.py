@@ -11,13 +11,13 @@ import sys
 from setuptools import setup
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "loadgen"))
-from compiled import COMPILED_MODULES, PURE_PYTHON_ENV  # noqa: E402  (the module alone, not the package)
+from compiled import COMPILED_MODULES, pure_python_requested  # noqa: E402  (the module alone, not the package)
 
 sys.path.pop(0)
 
 
 def ext_modules() -> list:
-    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+    if pure_python_requested():
         return []
     try:
         from Cython.Build import cythonize

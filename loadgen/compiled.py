@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["COMPILED_MODULES", "PURE_PYTHON_ENV", "install", "compiled_modules"]
+__all__ = ["COMPILED_MODULES", "PURE_PYTHON_ENV", "pure_python_requested", "install", "compiled_modules"]
 
 PURE_PYTHON_ENV = "LOADGEN_PURE_PYTHON"
 
@@ -41,6 +41,11 @@ COMPILED_MODULES = (
 )
 
 _ROOT = Path(__file__).resolve().parent.parent
+
+
+def pure_python_requested() -> bool:
+    """``LOADGEN_PURE_PYTHON`` set (and not 0): run as Python, and setup.py compiles nothing."""
+    return os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0")
 
 
 def _paths(name: str) -> tuple[Path, Optional[Path]]:
@@ -75,7 +80,7 @@ def install() -> None:
     """Decide, once per process and before any listed module is imported, which run compiled."""
     if any(isinstance(f, _SourceFirst) for f in sys.meta_path):
         return
-    pure_everywhere = os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0")
+    pure_everywhere = pure_python_requested()
     as_python = set()
     for name in COMPILED_MODULES:
         source, compiled = _paths(name)

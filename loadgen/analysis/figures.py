@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.layout_engine import PlaceHolderLayoutEngine  # noqa: E402
 
 from .recovery import cohort_completion_by_arrival  # noqa: E402
 from .replica_figures import plot_replica_panels, replica_figures, replica_panel_rows  # noqa: E402
@@ -255,17 +256,11 @@ def save_png(fig: Figure, path: Path) -> None:
     for the pixels. Running the layout here at the same dpi and turning the engine off leaves
     savefig one draw; the layout is the same, so the PNG is byte for byte the same."""
     engine = fig.get_layout_engine()
-    if engine is not None and not _is_placeholder(engine):
+    if engine is not None and not isinstance(engine, PlaceHolderLayoutEngine):
         fig.set_dpi(DPI)
         engine.execute(fig)
         fig.set_layout_engine(None)
     fig.savefig(path, dpi=DPI)
-
-
-def _is_placeholder(engine: Any) -> bool:
-    from matplotlib.layout_engine import PlaceHolderLayoutEngine
-
-    return isinstance(engine, PlaceHolderLayoutEngine)
 
 
 # --------------------------------------------------------------------------------------------
