@@ -38,6 +38,9 @@ COMPILED_MODULES = (
     "loadgen.sim.sglang_prefill",
     "loadgen.sim.sglang_overlap",
     "loadgen.sim.radix_cache",
+    "loadgen.core.clock",
+    "loadgen.core.session",
+    "loadgen.core.engines",
 )
 
 _ROOT = Path(__file__).resolve().parent.parent
