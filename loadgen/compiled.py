@@ -26,9 +26,8 @@ __all__ = ["COMPILED_MODULES", "PURE_PYTHON_ENV", "pure_python_requested", "inst
 
 PURE_PYTHON_ENV = "LOADGEN_PURE_PYTHON"
 
-# the innermost loops of a simulated run (profile in benchmarks/README.md): the step machine and
-# the engines' scheduling. Not the clock, the session loop or the engine adapter: compiled code
-# never checks for signals, so with the event loop compiled Ctrl-C would wait for the run's end
+# the innermost loops of a simulated run (profile in benchmarks/README.md): the step machine, the
+# engines' scheduling, and the event loop, sessions and engine adapter that drive them
 COMPILED_MODULES = (
     "loadgen.sim.step_machine",
     "loadgen.sim.engine",

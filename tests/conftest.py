@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import copy
+import signal
 from typing import Any
 
 import pytest
 
 from loadgen.core.spec import ExperimentSpec, parse_spec
+
+# a suite started in the background of a shell without job control (`cmd &` in a script) starts
+# with SIGINT ignored, and every process it starts inherits that: the Ctrl-C tests would then see
+# commands that cannot be interrupted. A handler here is reset to the default in every child.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 BASE_SPEC: dict[str, Any] = {
     "experiment": "tiny",

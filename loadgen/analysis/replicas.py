@@ -22,9 +22,8 @@ from typing import Optional
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from .runs import RunData, float_column, json_float, success_mask
+from .runs import RunData, float_column, json_float, read_parquet, success_mask
 from .windows import persistently_degraded
 
 COUNTS = ("turns", "sessions", "prompt_tokens", "cached_tokens", "miss_workload_tokens", "miss_routing_tokens",
@@ -104,7 +103,7 @@ def imbalance_over_time(replica_samples: pa.Table, num_replicas: int) -> dict[st
 
 def read_replica_samples(run_dir: Path) -> Optional[pa.Table]:
     path = Path(run_dir) / "replica_samples.parquet"
-    return pq.read_table(path) if path.is_file() else None
+    return read_parquet(path) if path.is_file() else None
 
 
 def imbalance_outcome(run_dir: Path, num_replicas: int) -> dict:

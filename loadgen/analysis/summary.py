@@ -6,7 +6,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from ..core.recording import PARTS_DIR
 from ..core.same_spec import describe_differences, spec_differences
@@ -55,8 +55,9 @@ def _baseline_arm(run_jsons: Sequence[Mapping[str, Any]], arms: Iterable[str]) -
     present = sorted(set(arms))
     return present[0] if present else None
 
-def summarize(results_dir: str | os.PathLike) -> dict:
-    """Build the summary.json dict from every completed run under results_dir/runs/.
+def summarize(results_dir: str | os.PathLike, load: Callable[[Path], RunData] = load_run) -> dict:
+    """Build the summary.json dict from every completed run under results_dir/runs/; ``load``
+    reads a run directory (a caller that draws figures next reads each run once).
 
     Runs whose status is not "completed" are left out of `runs` and `pairs` and listed by id
     under `incomplete_runs`; runs whose files cannot be read (a corrupt Parquet file, a
@@ -82,7 +83,7 @@ def summarize(results_dir: str | os.PathLike) -> dict:
             if unmerged:  # rows written but not merged (a corrupt part): the tables would miss them
                 raise ValueError(f"{run_dir / PARTS_DIR}: rows that cannot be merged into the run's tables "
                                  f"({', '.join(unmerged)})")
-            completed.append(load_run(run_dir))
+            completed.append(load(run_dir))
         except ValueError as exc:  # the message names the file and what is wrong with it
             unreadable_runs.append({"run_id": run_dir.name, "error": str(exc)})
     _check_one_spec(Path(results_dir), completed)
@@ -139,9 +140,9 @@ def _check_one_spec(results_dir: Path, runs: Sequence[RunData]) -> None:
             f"{describe_differences(a, b, spec_differences(a, b))}. Keep one spec per results directory "
             f"(`loadgen run --force-new-spec` moves old runs aside)")
 
-def write_summary(results_dir: str | os.PathLike) -> dict:
+def write_summary(results_dir: str | os.PathLike, load: Callable[[Path], RunData] = load_run) -> dict:
     """Rebuild summary.json in results_dir atomically (temp file + os.replace); return the dict."""
-    summary = summarize(results_dir)
+    summary = summarize(results_dir, load)
     target = Path(results_dir) / "summary.json"
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     # allow_nan=False: a NaN slipping through would make the file unreadable by strict parsers.

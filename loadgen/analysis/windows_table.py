@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .latency import LATENCY_METRICS, PERCENTILES, nearest_rank, turn_latencies
-from .runs import RunData, float_column, load_run
+from .runs import RunData, float_column, load_run, read_parquet
 from .windows import count_windows
 
 WINDOW_S = 60.0
@@ -93,7 +93,7 @@ def write_windows(run_dir: str | os.PathLike, run: RunData | None = None) -> Pat
 def read_windows(run: RunData) -> pa.Table:
     """windows.parquet of a run, computed when the file is absent."""
     path = Path(run.run_dir) / "windows.parquet"
-    return pq.read_table(path) if path.is_file() else window_table(run)
+    return read_parquet(path) if path.is_file() else window_table(run)
 
 
 def write_missing_windows(results_dir: str | os.PathLike, summary: dict) -> list[Path]:

@@ -261,16 +261,20 @@ def _selected_runs(spec, args: argparse.Namespace) -> list:
 
 def _report(out: Path, console, figures: bool = True, num_workers: int = 1) -> list:
     """Summary, tables and figures of ``out``; returns the runs it could not read (they are listed)."""
+    from functools import lru_cache
+
     from rich.markup import escape
 
     from ..analysis import ResultsError, format_outcome_table, format_recovery_table, write_summary
+    from ..analysis.runs import load_run
     from ..core.runner import recover_runs
 
     recovered = recover_runs(out)
     if recovered:
         console.print(f"recovered rows of interrupted runs: {', '.join(recovered)}")
+    load = lru_cache(maxsize=None)(load_run)  # the summary and both sets of figures read each run once
     try:
-        summary = write_summary(out)
+        summary = write_summary(out, load)
     except ResultsError as exc:
         raise SpecError(str(exc)) from None
     print(format_outcome_table(summary), flush=True)
@@ -293,16 +297,14 @@ def _report(out: Path, console, figures: bool = True, num_workers: int = 1) -> l
         console.print(f"windows.parquet written for {len(written)} runs that lacked it")
     console.print(f"summary: {out / 'summary.json'}")
     if figures:
-        from functools import lru_cache
-
         from ..analysis.figures import figure_jobs
         from ..analysis.latency_figures import latency_figure_jobs
-        from ..analysis.runs import load_run
         from ..core.run_pool import run_jobs
 
-        load = lru_cache(maxsize=None)(load_run)  # both sets of figures read each run once
-        jobs = figure_jobs(out, summary, load) + latency_figure_jobs(out, summary, load)
-        run_jobs([draw for _, draw in jobs], num_workers)  # every figure on its own, over the workers
+        # every figure on its own, over the workers; the latency figures (the longest to draw)
+        # first, so that no worker is left drawing one of them alone at the end
+        jobs = latency_figure_jobs(out, summary, load) + figure_jobs(out, summary, load)
+        run_jobs([draw for _, draw in jobs], num_workers)
         paths = [path for path, _ in jobs]
         if paths:
             console.print(f"figures: {len(paths)} PNG files in {paths[0].parent}")
