@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
@@ -176,8 +177,9 @@ class Results:
 def load_results(results_dir: str | os.PathLike) -> Results:
     """The summary of every completed run under ``results_dir`` and those runs, loaded by arm."""
     path = check_results_dir(results_dir)
-    summary = summarize(path)
+    load = lru_cache(maxsize=None)(load_run)  # the summary's runs are the ones returned: read once
+    summary = summarize(path, load)
     runs_by_arm: dict[str, list[RunData]] = {arm: [] for arm in table_arms(summary)}
     for entry in sorted(summary["runs"], key=lambda e: int(e["seed"])):
-        runs_by_arm[str(entry["arm"])].append(load_run(path / "runs" / entry["run_id"]))
+        runs_by_arm[str(entry["arm"])].append(load(path / "runs" / entry["run_id"]))
     return Results(path, summary, {arm: runs for arm, runs in runs_by_arm.items() if runs})

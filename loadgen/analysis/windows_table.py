@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -96,12 +97,14 @@ def read_windows(run: RunData) -> pa.Table:
     return read_parquet(path) if path.is_file() else window_table(run)
 
 
-def write_missing_windows(results_dir: str | os.PathLike, summary: dict) -> list[Path]:
+def write_missing_windows(results_dir: str | os.PathLike, summary: dict,
+                          load: Callable[[Path], RunData] = load_run) -> list[Path]:
     """windows.parquet for every summarized run that lacks one (results from before it existed,
-    or written by `loadgen sweep`); returns the files written."""
+    or written by `loadgen sweep`); returns the files written. ``load`` reads a run directory (the
+    report's, which has read them for the summary)."""
     written = []
     for entry in summary.get("runs") or []:
         run_dir = Path(results_dir) / "runs" / str(entry["run_id"])
         if not (run_dir / "windows.parquet").is_file():
-            written.append(write_windows(run_dir))
+            written.append(write_windows(run_dir, load(run_dir)))
     return written

@@ -272,7 +272,7 @@ def _report(out: Path, console, figures: bool = True, num_workers: int = 1) -> l
     recovered = recover_runs(out)
     if recovered:
         console.print(f"recovered rows of interrupted runs: {', '.join(recovered)}")
-    load = lru_cache(maxsize=None)(load_run)  # the summary and both sets of figures read each run once
+    load = lru_cache(maxsize=None)(load_run)  # the summary, missing windows and figures read each run once
     try:
         summary = write_summary(out, load)
     except ResultsError as exc:
@@ -292,7 +292,7 @@ def _report(out: Path, console, figures: bool = True, num_workers: int = 1) -> l
     trees = format_trees_table(summary)  # only for runs of session trees
     if trees:
         print("\n" + trees, flush=True)
-    written = write_missing_windows(out, summary)
+    written = write_missing_windows(out, summary, load)
     if written:
         console.print(f"windows.parquet written for {len(written)} runs that lacked it")
     console.print(f"summary: {out / 'summary.json'}")
