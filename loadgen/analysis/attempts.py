@@ -13,6 +13,7 @@ from collections import Counter
 import numpy as np
 import pyarrow as pa
 
+from ..core.arrow_numpy import int_values
 from .runs import float_column, json_float
 
 # (cause, what the error text starts with or contains), first match wins
@@ -38,8 +39,8 @@ def failure_cause(error: str) -> str:
 
 def turn_of_row(turns: pa.Table) -> np.ndarray:
     """For each row, the index of its turn (session_id, turn_index) among the table's turns."""
-    sessions = turns.column("session_id").to_numpy(zero_copy_only=False).astype(np.int64)
-    turn_index = turns.column("turn_index").to_numpy(zero_copy_only=False).astype(np.int64)
+    sessions = int_values(turns.column("session_id"))
+    turn_index = int_values(turns.column("turn_index"))
     _, inverse = np.unique(np.stack([sessions, turn_index]), axis=1, return_inverse=True)
     return inverse.reshape(-1)
 

@@ -16,6 +16,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..core.arrow_numpy import float_values
 from .outcomes import run_outcome
 from .probability import format_probabilities, load_probabilities, score_probabilities
 from .runs import load_run
@@ -26,8 +27,8 @@ from ..core.same_spec import compared_fields, describe_differences, spec_differe
 
 
 def _sessions_per_window(samples, starts: np.ndarray, width_s: float) -> np.ndarray:
-    t = np.asarray(samples.column("t_s").to_numpy(zero_copy_only=False), dtype=float)
-    n = np.asarray(samples.column("sessions_in_system").to_numpy(zero_copy_only=False), dtype=float)
+    t = float_values(samples.column("t_s"))
+    n = float_values(samples.column("sessions_in_system"))
     out = np.full(len(starts), math.nan)
     for i, start in enumerate(starts):
         mask = (t >= start) & (t < start + width_s)

@@ -24,6 +24,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ..core.arrow_numpy import int_values
 from .runs import RunData, float_column, json_float, success_mask, successful_turns
 from .windows import DEGRADED_HIT_RATIO, DEGRADED_WINDOW_S, hit_ratio_between
 
@@ -124,10 +125,10 @@ def _remaining_cold_work(run: RunData, t: float, contexts: list[int], intercept:
     sessions = run.sessions
     arrival = float_column(sessions, "arrival_s")
     finish = float_column(sessions, "finish_s")
-    ids = sessions.column("session_id").to_numpy()
+    ids = int_values(sessions.column("session_id"))
     in_system = (arrival <= t) & ~(finish <= t)
     mask = success_mask(run.turns)
-    turn_sessions = run.turns.column("session_id").to_numpy()[mask]
+    turn_sessions = int_values(run.turns.column("session_id"))[mask]
     done_by_t = turn_sessions[float_column(run.turns, "finish_s")[mask] <= t]
     counts = dict(zip(*np.unique(done_by_t, return_counts=True))) if len(done_by_t) else {}
     total = 0.0

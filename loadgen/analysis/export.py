@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from ..core.arrow_numpy import float_values
 from ..version import __version__
 
 FORMATS = ("csv", "jsonl", "llm-d", "aiperf")
@@ -100,7 +101,7 @@ def _stats(values: np.ndarray, units: str) -> Optional[dict]:
 def _column(table: pa.Table, name: str) -> np.ndarray:
     if name not in table.column_names:
         return np.full(table.num_rows, np.nan)
-    return np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=float)
+    return float_values(table.column(name))
 
 
 def _sequence_length(values: np.ndarray) -> dict:

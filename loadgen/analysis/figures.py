@@ -24,7 +24,7 @@ from matplotlib.layout_engine import PlaceHolderLayoutEngine  # noqa: E402
 
 from .recovery import cohort_completion_by_arrival  # noqa: E402
 from .replica_figures import plot_replica_panels, replica_figures, replica_panel_rows  # noqa: E402
-from .runs import RunData, load_run  # noqa: E402
+from .runs import RunData, float_column, load_run  # noqa: E402
 from .tables import table_arms  # noqa: E402
 from .windows import DEGRADED_HIT_RATIO, window_series  # noqa: E402
 
@@ -118,8 +118,8 @@ def pair_figure(seed: int, runs: Sequence[RunData], colors: Mapping[str, str], e
         ax_hit.plot(mid_min, series.hit_ratio, color=colors[arm], label=arm, linewidth=1.4)
         ax_tput.plot(mid_min, series.turns_per_s, color=colors[arm], label=arm, linewidth=1.4)
         if run.samples.num_rows:
-            t_s = run.samples.column("t_s").to_numpy()
-            sessions = run.samples.column("sessions_in_system").to_numpy()
+            t_s = float_column(run.samples, "t_s")
+            sessions = float_column(run.samples, "sessions_in_system")
             order = np.argsort(t_s, kind="stable")
             ax_sessions.plot(
                 _minutes(t_s[order]), sessions[order], color=colors[arm], label=arm, linewidth=1.4
@@ -318,9 +318,9 @@ def figure_arm_timeseries(runs_by_arm: Mapping[str, Sequence[RunData]], colors: 
             ax_hit.plot(_window_midpoints_min(series.window_starts_s, series.window_widths_s), series.hit_ratio,
                         color=colors[arm], linewidth=0.8, alpha=0.6)
             if run.samples.num_rows:
-                t_s = run.samples.column("t_s").to_numpy()
+                t_s = float_column(run.samples, "t_s")
                 order = np.argsort(t_s, kind="stable")
-                ax_sessions.plot(_minutes(t_s[order]), run.samples.column("sessions_in_system").to_numpy()[order],
+                ax_sessions.plot(_minutes(t_s[order]), float_column(run.samples, "sessions_in_system")[order],
                                  color=colors[arm], linewidth=0.8, alpha=0.6)
         for ax in (ax_hit, ax_sessions):
             _shade_triggers([ax], _trigger_windows(runs))

@@ -12,6 +12,7 @@ from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
+from ..core.arrow_numpy import float_values
 from .figures import DPI, _control_starts_s, save_figure, _mark_control, _minutes, _shade_triggers, _trigger_windows, arm_colors
 from .latency import nearest_rank, turn_latencies
 from .runs import RunData, load_run
@@ -54,9 +55,8 @@ def latency_over_time_series(runs: Sequence[RunData], column: str) -> tuple[np.n
     """(window midpoints in minutes, median over ``runs`` of the windows' ``column``)."""
     tables = [read_windows(r) for r in runs]
     n = min(t.num_rows for t in tables)
-    mid_min = _minutes(np.asarray(tables[0].column("window_start_s"))[:n] + 30.0)
-    values = np.vstack([np.asarray(t.column(column).to_numpy(zero_copy_only=False), dtype=float)[:n]
-                        for t in tables])
+    mid_min = _minutes(float_values(tables[0].column("window_start_s"))[:n] + 30.0)
+    values = np.vstack([float_values(t.column(column))[:n] for t in tables])
     return mid_min, median_over_runs(values)
 
 

@@ -17,6 +17,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.gridspec import GridSpec
 
+from ..core.arrow_numpy import array
 from .replicas import imbalance_over_time, read_replica_samples
 from .runs import RunData, float_column
 from .windows import DEGRADED_HIT_RATIO, window_series
@@ -47,11 +48,11 @@ def plot_replica_panels(fig: Figure, grid: GridSpec, first_row: int, runs: Seque
         table = read_replica_samples(run.run_dir)
         for i in range(n):
             color = REPLICA_COLORS[i % len(REPLICA_COLORS)]
-            series = window_series(run.turns.filter(pa.array(replica == i)), 0.0, duration_s, WINDOW_S)
+            series = window_series(run.turns.filter(array(replica == i, pa.bool_())), 0.0, duration_s, WINDOW_S)
             mid_min = (series.window_starts_s + series.window_widths_s / 2) / 60
             ax_hit.plot(mid_min, series.hit_ratio, color=color, lw=1.2, label=f"replica {i}")
             if table is not None:
-                mine = table.filter(pa.array(float_column(table, "replica_index") == i))
+                mine = table.filter(array(float_column(table, "replica_index") == i, pa.bool_()))
                 load = float_column(mine, "num_running") + float_column(mine, "num_waiting")
                 ax_load.plot(float_column(mine, "t_s") / 60, load, color=color, lw=1.0)
         ax_hit.axhline(DEGRADED_HIT_RATIO, color="0.5", ls="--", lw=0.7)

@@ -23,6 +23,7 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
+from ..core.arrow_numpy import array
 from .runs import RunData, float_column, json_float, read_parquet, success_mask
 from .windows import persistently_degraded
 
@@ -61,7 +62,7 @@ def replica_outcome(run: RunData) -> dict:
         row["hit_ratio"] = json_float(row["cached_tokens"] / row["prompt_tokens"]) if row["prompt_tokens"] else None
         # a replica the router never used is idle, not degraded (None)
         row["persistently_degraded"] = persistently_degraded(
-            turns.filter(pa.array(replica == i)), info.get("reference_trigger_end_s"),
+            turns.filter(array(replica == i, pa.bool_())), info.get("reference_trigger_end_s"),
             float(info["duration_s"])) if row["turns"] else None
         per_replica.append(row)
     total = {name: sum(r[name] for r in per_replica) if attributed or not name.startswith("miss_") else None

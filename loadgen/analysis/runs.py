@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..core.arrow_numpy import float_values, succeeded
 from ..core.recording import SAMPLE_SCHEMA, SESSION_SCHEMA, TURN_SCHEMA
 
 # the files' schemas are the recorder's: one definition (the test factories keep their own
@@ -98,15 +99,11 @@ def load_run(run_dir: str | os.PathLike) -> RunData:
 
 def float_column(table: pa.Table, name: str) -> np.ndarray:
     """A column as float64 with nulls as NaN."""
-    column = table.column(name).cast(pa.float64())
-    return np.asarray(column.to_numpy(), dtype=np.float64)
+    return float_values(table.column(name))
 
 def success_mask(turns: pa.Table) -> np.ndarray:
     """True for turns that succeeded (error null; an empty string is tolerated as success)."""
-    errors = turns.column("error").to_pylist()
-    finish_s = float_column(turns, "finish_s")
-    ok = np.fromiter((err is None or err == "" for err in errors), dtype=bool, count=len(errors))
-    return ok & np.isfinite(finish_s)
+    return succeeded(turns.column("error")) & np.isfinite(float_column(turns, "finish_s"))
 
 
 @dataclass

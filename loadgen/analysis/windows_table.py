@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..core.arrow_numpy import array
 from .latency import LATENCY_METRICS, PERCENTILES, nearest_rank, turn_latencies
 from .runs import RunData, float_column, load_run, read_parquet
 from .windows import count_windows
@@ -77,7 +78,7 @@ def window_table(run: RunData, width_s: float = WINDOW_S) -> pa.Table:
         for p, q in PERCENTILES:
             columns[f"{metric[:-2]}_{p}_s"] = np.array(
                 [nearest_rank(values[bounds[k]:bounds[k + 1]], q) for k in range(num_windows)], dtype=np.float64)
-    return pa.table({f.name: pa.array(columns[f.name], type=f.type) for f in WINDOW_SCHEMA}, schema=WINDOW_SCHEMA)
+    return pa.table({f.name: array(columns[f.name], f.type) for f in WINDOW_SCHEMA}, schema=WINDOW_SCHEMA)
 
 
 def write_windows(run_dir: str | os.PathLike, run: RunData | None = None) -> Path:

@@ -20,6 +20,8 @@ from typing import Any, Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .arrow_numpy import array
+
 TURN_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("arm", pa.string()), ("seed", pa.int64()),
     ("session_id", pa.int64()), ("turn_index", pa.int32()), ("is_trigger_session", pa.bool_()),
@@ -123,7 +125,7 @@ class _Columns:
 
     def take(self) -> pa.Table:
         columns = zip(*self.rows) if self.rows else [()] * len(self.names)
-        table = pa.Table.from_arrays([pa.array(list(c), type=f.type) for c, f in zip(columns, self.schema)],
+        table = pa.Table.from_arrays([array(list(c), f.type) for c, f in zip(columns, self.schema)],
                                      schema=self.schema)
         self.rows = []
         return table
@@ -340,8 +342,9 @@ class _OpenSession:
 
 
 def warm_up() -> None:
-    """Do now what the first flush would do once: pyarrow imports pandas on its first conversion
-    of Python values, a third of a second that a live run must not spend on its clock."""
+    """Do now what a conversion the recorder leaves to pyarrow would do once (loadgen/core/arrow_numpy.py):
+    pyarrow imports pandas the first time it converts Python values, a third of a second that a
+    live run must not spend on its clock."""
     pa.array([0])
 
 

@@ -334,12 +334,13 @@ def median_turn_latency_s(turns_path: Path) -> Optional[float]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from ..core.arrow_numpy import bool_values, float_values
+
     try:
         turns = pq.read_table(turns_path, columns=["submitted_s", "finish_s", "error"])
     except (OSError, pa.ArrowException):
         return None
-    ok = np.asarray(turns.column("error").is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    latency = (np.asarray(turns.column("finish_s").to_numpy(zero_copy_only=False), dtype=float)
-               - np.asarray(turns.column("submitted_s").to_numpy(zero_copy_only=False), dtype=float))[ok]
+    ok = bool_values(turns.column("error").is_null())
+    latency = (float_values(turns.column("finish_s")) - float_values(turns.column("submitted_s")))[ok]
     latency = latency[np.isfinite(latency)]
     return float(np.median(latency)) if len(latency) else None
