@@ -1,4 +1,4 @@
-from loadgen.live.serve_sim import PromptMapper
+from loadgen.live.serve_sim_prompts import PromptMapper
 from loadgen.core.session import TokenContext
 from trace_shapes import SessionShape
 

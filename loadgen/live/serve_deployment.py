@@ -22,7 +22,8 @@ import orjson
 
 from routers import ReplicaView, RouteRequest, Router
 
-from .serve_sim import SimServer, _error, _messages
+from .serve_sim import SimServer
+from .serve_sim_wire import error_response, messages_of
 
 REPLICA_HEADER = "X-Loadgen-Replica"
 _REPLICA_KEY = "loadgen_replica"
@@ -60,7 +61,7 @@ class DeploymentServer:
     def _route_request(self, request, body: dict, chat: bool) -> RouteRequest:
         tokenizer = self.servers[0].tokenizer
         if chat:
-            num_tokens = len(tokenizer.encode_chat(_messages(body["messages"])))
+            num_tokens = len(tokenizer.encode_chat(messages_of(body["messages"])))
         else:
             prompt = body["prompt"]
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
@@ -85,7 +86,7 @@ class DeploymentServer:
         try:
             route = self._route_request(request, orjson.loads(await request.read()), chat)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            return _error(400, f"bad request: {exc}")
+            return error_response(400, f"bad request: {exc}")
         now = self.servers[0]._engine().clock.now()
         index = self.router.route(route, self.views(), now)
         request[_REPLICA_KEY] = index

@@ -51,119 +51,15 @@ from ..core.engines import SimEngineClient
 from ..core.workload import Stream, rng_for
 from .http_client import LAG_PATH
 from .prefix_match import BlockHashMatcher, Placement, TokenMatcher
-from .tokenizer import SPECIAL_TOKENS, LocalTokenizer, render_simple, single_token_words
+from .serve_sim_prompts import PromptMapper, TextOutput, WordTokenizer
+from .serve_sim_wire import (SGLANG_FLUSH_TEXT, SGLANG_MODELLED_VERSION, chat_chunk, chat_final, completion_chunk,
+                             completion_final, dumps, error_response, messages_of, sse, usage_of)
+from .tokenizer import LocalTokenizer
 from ..sim import EngineConfig, SimRequest, StepCostModel
 from ..sim.jitter import StepJitter
 from ..sim.sglang_engine import SGLangConfig
 
 LOG = logging.getLogger("loadgen.serve_sim")
-
-
-class PromptMapper:
-    """Token-id prompts onto (prefix stream, own stream) by chained block hashes."""
-
-    def __init__(self, block_size: int) -> None:
-        self.block_size = block_size
-        self._block_owner: dict[int, tuple[int, int]] = {}  # chained hash -> (stream id, block index)
-        self._stream_blocks: dict[int, int] = {}  # stream id -> blocks recorded
-        self._busy: set[int] = set()
-        # streams whose last request was aborted: the engine may hold blocks past the recorded
-        # ones whose content only the aborted request had, so only a prompt of exactly the
-        # recorded blocks (the client's retry) may continue them
-        self._aborted: set[int] = set()
-        self._ids = itertools.count()
-
-    def chained_hashes(self, token_ids: list[int]) -> list[int]:
-        bs = self.block_size
-        out = []
-        h = 0
-        for j in range(len(token_ids) // bs):
-            h = hash((h, tuple(token_ids[j * bs:(j + 1) * bs])))
-            out.append(h)
-        return out
-
-    def map(self, token_ids: list[int], prefix_tokens: int) -> tuple[Optional[tuple], int, int]:
-        """(prefix key or None, prefix tokens used, own stream id); the stream is busy until
-        ``record`` or ``release``."""
-        hashes = self.chained_hashes(token_ids)
-        prefix_blocks = prefix_tokens // self.block_size if prefix_tokens else 0
-        prefix_blocks = min(prefix_blocks, len(hashes))
-        prefix_key = ("prefix", hashes[prefix_blocks - 1]) if prefix_blocks else None
-        stream = None
-        for j in range(len(hashes) - 1, prefix_blocks - 1, -1):
-            owner = self._block_owner.get(hashes[j])
-            if owner is not None:
-                sid, index = owner
-                if (index == j and self._stream_blocks.get(sid) == j + 1 and sid not in self._busy
-                        and (sid not in self._aborted or j + 1 == len(hashes))):
-                    stream = sid
-                break
-        if stream is None:
-            stream = next(self._ids)
-            self._stream_blocks[stream] = prefix_blocks
-        self._busy.add(stream)
-        return prefix_key, prefix_blocks * self.block_size, stream
-
-    def release(self, stream: int) -> None:
-        self._busy.discard(stream)
-
-    def record(self, stream: int, hashes: list[int]) -> None:
-        """After a turn: the stream's content now covers these blocks (prompt + output)."""
-        start = self._stream_blocks.get(stream, 0)
-        for j in range(start, len(hashes)):
-            self._block_owner[hashes[j]] = (stream, j)
-        self._stream_blocks[stream] = max(start, len(hashes))
-        self._busy.discard(stream)
-        self._aborted.discard(stream)
-
-    def aborted(self, stream: int, prompt_hashes: list[int]) -> None:
-        """The stream's request was aborted: it holds at least what its prompt held (the engine
-        keeps the hashes of the blocks it computed), maybe more; free again."""
-        self.record(stream, prompt_hashes)
-        self._aborted.add(stream)
-
-
-
-def text_to_ids(text: str, vocab: int = 30000) -> list[int]:
-    """A stand-in tokenizer for text prompts: one token per whitespace-separated word."""
-    return [hash(word) % (vocab - 1) + 1 for word in text.split()]
-
-
-class WordTokenizer:
-    """serve-sim's tokenizer without ``--tokenizer``: one token per whitespace-separated word
-    (``text_to_ids``), chat messages in the simple ChatML template (loadgen/live/tokenizer.py)."""
-
-    def encode_text(self, text: str) -> list[int]:
-        return text_to_ids(text)
-
-    encode_plain = encode_text
-
-    def encode_chat(self, messages, add_generation_prompt: bool = True) -> list[int]:
-        text = render_simple(messages, add_generation_prompt)
-        for special in SPECIAL_TOKENS:  # a token of their own, as a real tokenizer keeps them
-            text = text.replace(special, f" {special} ")
-        return text_to_ids(text)
-
-
-class TextOutput:
-    """Generated text that re-tokenizes to exactly the ids the engine generated: words of one token
-    each (the tokenizer's, or ``t<n>`` words without one), so a client that sends the text back
-    (chat, text prompts) continues its stream. A real model's text may not (docs/chat.md#drift)."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.words = (single_token_words(tokenizer) if isinstance(tokenizer, LocalTokenizer)
-                      else [f"t{i}" for i in range(1, 30000)])
-
-    def make(self, rng, n: int, chat: bool) -> tuple[list[int], list[str]]:
-        """(ids, text pieces, one per token): chat content starts without a space (it follows the
-        template's newline); a completion continues its prompt, so every word has its space."""
-        words = [self.words[i] for i in rng.integers(0, len(self.words), size=n).tolist()]
-        pieces = [w if chat and i == 0 else " " + w for i, w in enumerate(words)]
-        ids = self.tokenizer.encode_plain("".join(pieces))
-        if len(ids) != n:  # a tokenizer that merges across words: the count still is what was asked
-            ids = (ids + [ids[-1] if ids else 1] * n)[:n]
-        return ids, pieces
 
 
 class SimServer:
@@ -245,7 +141,7 @@ class SimServer:
         from aiohttp import web
 
         clock = self._engine().clock
-        return web.json_response({"time_scale": self.time_scale, "lateness": clock.lateness.to_json()}, dumps=_dumps)
+        return web.json_response({"time_scale": self.time_scale, "lateness": clock.lateness.to_json()}, dumps=dumps)
 
     async def flush_cache(self, request):
         """SGLang's /flush_cache: done only when no request is waiting or running, else HTTP 400;
@@ -272,7 +168,7 @@ class SimServer:
             "enable_cache_report": True, "enable_metrics": True,
             "max_total_num_tokens": c.pool_tokens, "max_req_input_len": min(c.max_model_len, c.pool_tokens) - 1,
             "internal_states": [{"new_token_ratio": self._engine().engine.new_token_ratio}],
-            "version": f"serve-sim (SGLang {SGLANG_MODELLED_VERSION} flavour)"}, dumps=_dumps)
+            "version": f"serve-sim (SGLang {SGLANG_MODELLED_VERSION} flavour)"}, dumps=dumps)
 
     async def model_info(self, request):
         from aiohttp import web
@@ -391,16 +287,16 @@ class SimServer:
         try:
             body = orjson.loads(await request.read())
             if body.get("messages") is not None:
-                ids = self.tokenizer.encode_chat(_messages(body["messages"]), bool(body.get("add_generation_prompt", True)))
+                ids = self.tokenizer.encode_chat(messages_of(body["messages"]), bool(body.get("add_generation_prompt", True)))
             elif isinstance(body.get("prompt"), str):
                 ids = (self.tokenizer.encode_text(body["prompt"]) if body.get("add_special_tokens", True)
                        else self.tokenizer.encode_plain(body["prompt"]))
             else:
                 raise ValueError("give prompt (a string) or messages")
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
-            return _error(400, f"bad request: {exc}")
+            return error_response(400, f"bad request: {exc}")
         return web.json_response({"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids,
-                                  "token_strs": None}, dumps=_dumps)
+                                  "token_strs": None}, dumps=dumps)
 
     def text_output(self) -> TextOutput:
         if self._text_output is None:  # scanning a vocabulary takes a moment: only when text is asked for
@@ -419,7 +315,7 @@ class SimServer:
         try:
             body = orjson.loads(await request.read())
             if chat:
-                prompt = _messages(body["messages"])
+                prompt = messages_of(body["messages"])
                 max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
             elif native:
                 prompt = body["input_ids"] if body.get("input_ids") is not None else body["text"]
@@ -428,7 +324,7 @@ class SimServer:
                 prompt = body["prompt"]
                 max_tokens = int(body.get("max_tokens") or 16)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            return _error(400, f"bad request: {exc}")
+            return error_response(400, f"bad request: {exc}")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
             prompt = prompt[0]
         # text: chat messages or a text prompt, whose output is text that re-tokenizes exactly
@@ -443,7 +339,7 @@ class SimServer:
         engine = client.engine
         reason = engine.validate(len(token_ids), max_tokens)
         if reason is not None:
-            return _error(400, reason)
+            return error_response(400, reason)
         try:
             prefix_hint = int(request.headers.get("X-Loadgen-Prefix-Tokens", "0"))
         except ValueError:
@@ -499,26 +395,26 @@ class SimServer:
                 request_id = f"chatcmpl-{sim_req.request_id}"
             if not body.get("stream"):
                 await finished()
-                final = (self._chat_final if chat else self._final)(request_id, sim_req, output_ids, body, pieces)
-                return web.json_response(final, dumps=_dumps)
-            chunk = self._chat_chunk if chat else self._chunk
+                final = (chat_final if chat else completion_final)(self.model, request_id, sim_req, output_ids, body, pieces)
+                return web.json_response(final, dumps=dumps)
+            chunk = chat_chunk if chat else completion_chunk
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             sent = 0
             try:
                 await first
-                await resp.write(_sse(chunk(request_id, output_ids[:1], body, pieces[0])))
+                await resp.write(sse(chunk(self.model, request_id, output_ids[:1], body, pieces[0])))
                 sent = 1
                 await finished()
                 # per-token timing inside a request is not simulated: the rest streams at completion
                 for tok, piece in zip(output_ids[1:], pieces[1:]):
-                    await resp.write(_sse(chunk(request_id, [tok], body, piece)))
+                    await resp.write(sse(chunk(self.model, request_id, [tok], body, piece)))
                     sent += 1
                 options = body.get("stream_options") or {}
                 if options.get("include_usage"):
                     kind = "chat.completion.chunk" if chat else "text_completion"
-                    await resp.write(_sse({"id": request_id, "object": kind, "model": self.model,
-                                           "choices": [], "usage": _usage(sim_req)}))
+                    await resp.write(sse({"id": request_id, "object": kind, "model": self.model,
+                                          "choices": [], "usage": usage_of(sim_req)}))
                 await resp.write(b"data: [DONE]\n\n")
                 await resp.write_eof()
             except (ConnectionResetError, asyncio.CancelledError) as exc:
@@ -555,17 +451,17 @@ class SimServer:
 
         if not body.get("stream"):
             await finished()
-            return web.json_response(answer(len(ids), True), dumps=_dumps)
+            return web.json_response(answer(len(ids), True), dumps=dumps)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         sent = 0
         try:
             await first
-            await resp.write(_sse(answer(1, len(ids) == 1)))
+            await resp.write(sse(answer(1, len(ids) == 1)))
             sent = 1
             await finished()
             for upto in range(2, len(ids) + 1):  # cumulative, as SGLang streams by default
-                await resp.write(_sse(answer(upto, upto == len(ids))))
+                await resp.write(sse(answer(upto, upto == len(ids))))
                 sent = upto
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
@@ -583,75 +479,6 @@ class SimServer:
                  request_id, sent, num_tokens, self.num_client_hangups)
         if isinstance(exc, asyncio.CancelledError):
             raise exc
-
-    def _chunk(self, request_id: str, ids: list[int], body: dict, piece: str) -> dict:
-        choice = {"index": 0, "text": piece, "finish_reason": None}
-        if body.get("return_token_ids"):
-            choice["token_ids"] = ids
-        return {"id": request_id, "object": "text_completion", "model": self.model, "choices": [choice]}
-
-    def _final(self, request_id: str, req: SimRequest, ids: list[int], body: dict, pieces: list[str]) -> dict:
-        text = "".join(pieces) if isinstance(body.get("prompt"), str) else " ".join(pieces)
-        choice = {"index": 0, "text": text, "finish_reason": "length"}
-        if body.get("return_token_ids"):
-            choice["token_ids"] = ids
-        return {"id": request_id, "object": "text_completion", "model": self.model, "choices": [choice],
-                "usage": _usage(req)}
-
-    def _chat_chunk(self, request_id: str, ids: list[int], body: dict, piece: str) -> dict:
-        choice = {"index": 0, "delta": {"role": "assistant", "content": piece}, "finish_reason": None}
-        if body.get("return_token_ids"):
-            choice["token_ids"] = ids
-        return {"id": request_id, "object": "chat.completion.chunk", "model": self.model, "choices": [choice]}
-
-    def _chat_final(self, request_id: str, req: SimRequest, ids: list[int], body: dict, pieces: list[str]) -> dict:
-        choice = {"index": 0, "message": {"role": "assistant", "content": "".join(pieces)}, "finish_reason": "length"}
-        if body.get("return_token_ids"):
-            choice["token_ids"] = ids
-        return {"id": request_id, "object": "chat.completion", "model": self.model, "choices": [choice],
-                "usage": _usage(req)}
-
-
-SGLANG_MODELLED_VERSION = "0.5.x"
-# SGLang's /flush_cache body, 200 and 400 alike (python/sglang/srt/entrypoints/http_server.py)
-SGLANG_FLUSH_TEXT = ("Cache flushed.\nPlease check backend logs for more details. "
-                     "(When there are running or waiting requests, the operation will not be performed.)\n")
-
-
-def _usage(req: SimRequest) -> dict:
-    usage = {"prompt_tokens": req.num_prompt_tokens, "completion_tokens": req.generated,
-             "total_tokens": req.num_prompt_tokens + req.generated}
-    if req.num_cached_tokens > 0:  # vLLM omits the details when nothing hit
-        usage["prompt_tokens_details"] = {"cached_tokens": req.num_cached_tokens}
-    return usage
-
-
-def _messages(value) -> list[dict]:
-    """A chat request's messages: a list of {role, content} with text content."""
-    if not isinstance(value, list) or not value:
-        raise ValueError("messages: expected a non-empty list")
-    out = []
-    for m in value:
-        content = m.get("content") if isinstance(m, dict) else None
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(content, (str, type(None))):
-            raise ValueError(f"messages: expected {{role, content}} with text content, got {str(m)[:80]}")
-        out.append({"role": m["role"], "content": content or ""})
-    return out
-
-
-def _dumps(obj) -> str:
-    return orjson.dumps(obj).decode()
-
-
-def _sse(obj: dict) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
-
-
-def _error(status: int, message: str):
-    from aiohttp import web
-
-    return web.json_response({"error": {"message": message, "type": "BadRequestError", "code": status}},
-                             status=status)
 
 
 def check_options(port: int, pool_tokens: int, block_size: int, max_num_batched_tokens: int,

@@ -8,7 +8,7 @@ from loadgen.cli import main
 from loadgen.core.clock import WallClock
 from loadgen.core.engines import TurnRequest
 from loadgen.live.http_client import EndpointOptions, OpenAIEngineClient
-from loadgen.live.serve_sim import PromptMapper
+from loadgen.live.serve_sim_prompts import PromptMapper
 
 PROMPT = [(i * 7919) % 29989 + 1 for i in range(4000)]
 

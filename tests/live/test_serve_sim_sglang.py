@@ -15,7 +15,7 @@ from loadgen.core.spec import OpenAIEngineSpec, parse_spec
 from loadgen.live.http_client import (FLUSH_MAX_ATTEMPTS, FLUSH_RETRY_INTERVAL_S, EndpointOptions,
                                       OpenAIEngineClient, PreflightError)
 from loadgen.live.runner import run_live
-from loadgen.live.serve_sim import SGLANG_FLUSH_TEXT
+from loadgen.live.serve_sim_wire import SGLANG_FLUSH_TEXT
 from tests.conftest import make_spec_dict
 
 TIME_SCALE = 30.0
