@@ -23,7 +23,7 @@ from typing import Optional
 import ray
 
 from loadgen.core.clock import WallClock
-from loadgen.live.http_client import parse_metrics
+from loadgen.live.server_metrics import parse_metrics
 from loadgen.core.spec import LaunchedEngineSpec
 
 from .launch import free_port, log_tail, serve_sim_cost_model_arg, server_command, server_env, visible_devices

@@ -60,7 +60,7 @@ def spec(url: str, **workload) -> dict:
 
 def transport():
     if TRANSPORT == "aiohttp":
-        from loadgen.live.http_client import AiohttpTransport
+        from loadgen.live.transport import AiohttpTransport
         return AiohttpTransport()
     return None
 

@@ -95,6 +95,8 @@ RULES = [
                      "controllers", "routers", "trace_shapes", "aiohttp"),
      "the simulated engine knows no sessions and no HTTP"),
     ("loadgen.live.http_client", ("loadgen.sim",), "the HTTP client knows nothing of the simulated engine"),
+    ("loadgen.live.transport", ("loadgen.sim", "loadgen.core"), "the network seam knows no engine and no session"),
+    ("loadgen.live.server_metrics", ("loadgen.sim",), "reading /metrics knows nothing of the simulated engine"),
     ("loadgen.analysis", ("loadgen.live", "loadgen.experiment", "loadgen.cli"),
      "analysis reads recorded files only"),
 ]

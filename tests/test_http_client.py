@@ -8,8 +8,8 @@ import pytest
 
 from loadgen.core.clock import WallClock
 from loadgen.core.engines import TurnRequest
-from loadgen.live.http_client import (FLUSH_RETRY_INTERVAL_S, EndpointOptions, MockResponse, MockTransport, OpenAIEngineClient, PreflightError,
-                                 TransportError, parse_metrics)
+from loadgen.live.http_client import FLUSH_RETRY_INTERVAL_S, EndpointOptions, OpenAIEngineClient, PreflightError
+from loadgen.live.transport import MockResponse, MockTransport, TransportError
 
 VLLM_METRICS = """\
 # TYPE vllm:num_requests_running gauge
@@ -220,24 +220,6 @@ def test_sglang_flush_is_retried_until_idle():
     assert 2 * FLUSH_RETRY_INTERVAL_S <= flushed_at_s < 3 * FLUSH_RETRY_INTERVAL_S
 
 
-def test_vllm_metrics_are_parsed():
-    scraped = parse_metrics(VLLM_METRICS)
-    m = scraped.metrics
-    assert (m.num_running, m.num_waiting, m.kv_usage) == (3, 1, 0.25)
-    assert (m.prefix_cache_queries_total, m.prefix_cache_hits_total, m.num_preemptions_total) == (20000, 15000, 2)
-    assert scraped.pool_tokens == 131072 and scraped.block_size == 128 and scraped.server == "vllm"
-
-
-def test_sglang_metrics_are_parsed():
-    text = ("# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 4\n"
-            "# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs 2\n"
-            "# TYPE sglang:token_usage gauge\nsglang:token_usage 0.5\n"
-            "# TYPE sglang:max_total_num_tokens gauge\nsglang:max_total_num_tokens 400000\n")
-    scraped = parse_metrics(text)
-    assert scraped.server == "sglang" and scraped.pool_tokens == 400000
-    assert (scraped.metrics.num_running, scraped.metrics.num_waiting) == (4, 2)
-
-
 def test_cached_tokens_come_from_prompt_tokens_details_then_from_meta_info():
     # SGLang's OpenAI endpoint reports usage.prompt_tokens_details (omitted when 0); a stream whose
     # chunks carry SGLang's native meta_info instead is read from there
@@ -255,14 +237,6 @@ def test_cached_tokens_come_from_prompt_tokens_details_then_from_meta_info():
         return [await client.generate(TurnRequest(1, k, 100, 2, token_ids=[1] * 100)) for k in range(3)]
 
     assert [r.cached_tokens for r in run(go())] == [64, 32, 0]
-
-
-def test_sglang_retractions_are_read_only_from_a_counter():
-    gauge = "# TYPE sglang:num_retracted_reqs gauge\nsglang:num_retracted_reqs 3\n"
-    # 0.5.x: a gauge of the retractions since the last stats log, not a total: not recorded
-    assert parse_metrics(gauge).metrics.num_preemptions_total == -1
-    counter = "# TYPE sglang:num_retracted_requests counter\nsglang:num_retracted_requests_total 7\n"
-    assert parse_metrics(gauge + counter).metrics.num_preemptions_total == 7
 
 
 def test_sglang_pool_comes_from_get_server_info_when_metrics_lack_it():

@@ -5,8 +5,8 @@ import asyncio
 import pytest
 
 from loadgen.core.clock import WallClock
-from loadgen.live.http_client import (FLUSH_MAX_ATTEMPTS, EndpointOptions, MockResponse, MockTransport,
-                                      OpenAIEngineClient, PreflightError, TransportError)
+from loadgen.live.http_client import FLUSH_MAX_ATTEMPTS, EndpointOptions, OpenAIEngineClient, PreflightError
+from loadgen.live.transport import MockResponse, MockTransport, TransportError
 
 
 def run_client(handler, coro_of, url="http://engine:8000", time_scale=1.0, **options):

@@ -12,8 +12,8 @@ import pytest
 from loadgen.core.clock import WallClock
 from loadgen.core.engines import TurnRequest
 from loadgen.core.session import TokenIds
-from loadgen.live.http_client import (AiohttpTransport, EndpointOptions, HttpStatusError, OpenAIEngineClient,
-                                      TransportError)
+from loadgen.live.http_client import EndpointOptions, OpenAIEngineClient
+from loadgen.live.transport import AiohttpTransport, HttpStatusError, TransportError
 from loadgen.live.raw_http import RawHttpTransport
 
 SSE_BODY = (b'data: {"choices":[{"index":0,"text":"a","token_ids":[11]}]}\n\n'

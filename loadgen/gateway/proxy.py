@@ -409,7 +409,7 @@ class GatewayProxy:
                 self._end_session(session, "idle")
 
     async def _scrape_upstreams(self) -> None:
-        from ..live.http_client import parse_metrics
+        from ..live.server_metrics import parse_metrics
         from ..live.raw_http import RawHttpTransport
 
         transport = RawHttpTransport()
@@ -437,7 +437,8 @@ class GatewayProxy:
 async def read_pool_tokens(urls: list[str]) -> int:
     """``pool_tokens: auto``: the upstreams' KV pools summed, read as the live preflight reads
     them (/metrics, or SGLang's server info). ValueError naming what could not be read."""
-    from ..live.http_client import EndpointOptions, TransportError
+    from ..live.http_client import EndpointOptions
+    from ..live.transport import TransportError
     from ..live.replicas import ReplicaSetClient
 
     client = ReplicaSetClient(WallClock(), EndpointOptions(url=urls[0]), urls)

@@ -2,9 +2,9 @@
 
 Two layers:
 
-* ``Transport``: the one seam to the network (``request`` and ``stream_lines``). The default,
-  ``AiohttpTransport``, pools keep-alive connections for thousands of concurrent sessions;
-  ``MockTransport`` (tests) answers from a handler function, like httpx's MockTransport.
+* ``Transport`` (loadgen/live/transport.py): the one seam to the network. Plain http:// goes
+  through the raw HTTP/1.1 client (raw_http.py), https:// through ``AiohttpTransport``;
+  ``MockTransport`` is the test double.
 * ``OpenAIEngineClient``: the ``EngineClient`` sessions talk to. Each turn is one streamed
   ``/v1/completions`` request with a token-id prompt (text as a fallback), ``ignore_eos`` and a
   fixed output length; it records time to first token and inter-token gaps, reads cached tokens
@@ -22,11 +22,10 @@ and is never logged or recorded.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
-from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Protocol
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import orjson
 
@@ -35,211 +34,15 @@ from ..core.engines import EngineMetrics, TurnRequest, TurnResult
 from ..core.lateness import LatenessHistogram
 from ..core.session import TokenContext, TokenIds
 from .chat import Messages, PromptBuilder, probe_content
+from .raw_http import HttpStatusError, RawHttpTransport, TransportError
+from .server_metrics import ScrapedMetrics, parse_metrics
 from .tokenizer import LocalTokenizer, ServerTokenizer, TokenizerError
+from .transport import AiohttpTransport, Transport
 
 # serve-sim's lateness histogram (JSON); a real server answers 404 and has no lag of its own to report
 LAG_PATH = "/loadgen/lag"
 
 
-# TransportError (the request did not complete: connection refused/reset, timeout, bad stream) and
-# HttpStatusError live with the raw HTTP transport, which raises them too
-from .raw_http import HttpStatusError, RawHttpTransport, TransportError  # noqa: E402
-
-
-class Transport(Protocol):
-    async def request(self, method: str, url: str, body: Optional[bytes], headers: dict,
-                      timeout_s: float) -> tuple[int, bytes]: ...
-
-    def stream_lines(self, url: str, body: bytes, headers: dict, timeout_s: float,
-                     response_header: Optional[dict] = None) -> AsyncIterator[list[bytes]]:
-        """A streamed POST's response as batches of complete lines, a batch per network read;
-        ``response_header`` ({name: None}) gets that header's value before the first batch."""
-
-    async def close(self) -> None: ...
-
-
-class AiohttpTransport:
-    """aiohttp with one pooled session (measured fastest behind this seam; see benchmarks/)."""
-
-    def __init__(self, max_connections: int = 4096) -> None:
-        self.max_connections = max_connections
-        self._session = None
-
-    def _get(self):
-        if self._session is None:
-            import aiohttp
-
-            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=300,
-                                             enable_cleanup_closed=True)
-            self._session = aiohttp.ClientSession(connector=connector, json_serialize=lambda o: orjson.dumps(o).decode())
-        return self._session
-
-    async def request(self, method, url, body, headers, timeout_s):
-        import aiohttp
-
-        try:
-            async with self._get().request(method, url, data=body, headers=headers,
-                                           timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-                return resp.status, await resp.read()
-        except asyncio.TimeoutError:
-            raise TransportError(f"timeout after {timeout_s:g} s") from None
-        except aiohttp.ClientError as exc:
-            raise TransportError(f"{type(exc).__name__}: {exc}") from None
-
-    async def stream_lines(self, url, body, headers, timeout_s, response_header=None):
-        import aiohttp
-
-        try:
-            async with self._get().post(url, data=body, headers=headers,
-                                        timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-                if response_header:
-                    name = next(iter(response_header))
-                    response_header[name] = resp.headers.get(name)
-                if resp.status >= 400:
-                    raise HttpStatusError(resp.status, (await resp.read()).decode(errors="replace"))
-                # one await per network read, not per line: aiohttp's readline costs ~4 us a line
-                # and a streamed turn has two lines per token
-                pending = b""
-                async for data in resp.content.iter_any():
-                    pending += data
-                    if b"\n" in data:
-                        *lines, pending = pending.split(b"\n")
-                        yield lines
-                if pending:
-                    yield [pending]
-        except asyncio.TimeoutError:
-            raise TransportError(f"timeout after {timeout_s:g} s") from None
-        except aiohttp.ClientError as exc:
-            raise TransportError(f"{type(exc).__name__}: {exc}") from None
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-
-@dataclass
-class MockResponse:
-    status: int = 200
-    json: Any = None
-    text: str = ""
-    lines: list = field(default_factory=list)  # SSE lines (bytes or str) for streamed requests
-    headers: dict = field(default_factory=dict)  # response headers of a streamed request
-    delay_s: float = 0.0
-
-
-class MockTransport:
-    """Test double at the transport seam: ``handler(method, path, json_body) -> MockResponse``."""
-
-    def __init__(self, handler: Callable[[str, str, Any], Awaitable[MockResponse] | MockResponse]) -> None:
-        self.handler = handler
-        self.calls: list[tuple[str, str, Any, dict]] = []
-
-    async def _respond(self, method, url, body, headers) -> MockResponse:
-        path = "/" + url.split("://", 1)[-1].split("/", 1)[-1]
-        payload = orjson.loads(body) if body else None
-        self.calls.append((method, path, payload, dict(headers)))
-        resp = self.handler(method, path, payload)
-        if asyncio.iscoroutine(resp):
-            resp = await resp
-        if isinstance(resp, Exception):
-            raise resp
-        if resp.delay_s:
-            await asyncio.sleep(resp.delay_s)
-        return resp
-
-    async def _respond_within(self, method, url, body, headers, timeout_s) -> MockResponse:
-        try:
-            return await asyncio.wait_for(self._respond(method, url, body, headers), timeout_s)
-        except asyncio.TimeoutError:
-            raise TransportError(f"timeout after {timeout_s:g} s") from None
-
-    async def request(self, method, url, body, headers, timeout_s):
-        resp = await self._respond_within(method, url, body, headers, timeout_s)
-        data = orjson.dumps(resp.json) if resp.json is not None else resp.text.encode()
-        return resp.status, data
-
-    async def stream_lines(self, url, body, headers, timeout_s, response_header=None):
-        resp = await self._respond_within("POST", url, body, headers, timeout_s)
-        if response_header:
-            name = next(iter(response_header))
-            response_header[name] = {k.lower(): v for k, v in resp.headers.items()}.get(name.lower())
-        if resp.status >= 400:
-            raise HttpStatusError(resp.status, resp.text or orjson.dumps(resp.json).decode())
-        for line in resp.lines:  # one line per batch: every token arrives separately
-            yield [line if isinstance(line, bytes) else line.encode()]
-
-    async def close(self) -> None:
-        pass
-
-
-# ---------------------------------------------------------------------- metrics
-VLLM_METRICS = {
-    "num_running": "vllm:num_requests_running",
-    "num_waiting": "vllm:num_requests_waiting",
-    "kv_usage": "vllm:kv_cache_usage_perc",
-    "prefix_cache_queries_total": "vllm:prefix_cache_queries",
-    "prefix_cache_hits_total": "vllm:prefix_cache_hits",
-    "num_preemptions_total": "vllm:num_preemptions",
-}
-SGLANG_METRICS = {
-    "num_running": "sglang:num_running_reqs",
-    "num_waiting": "sglang:num_queue_reqs",
-    "kv_usage": "sglang:token_usage",
-    "prefix_cache_queries_total": "sglang:prompt_tokens",
-    "prefix_cache_hits_total": "sglang:cached_tokens",
-    # a counter only in SGLang after 0.5.x; 0.5.x's sglang:num_retracted_reqs is a gauge of the
-    # retractions since its last stats log, not a total, so it is not read (the column is -1)
-    "num_preemptions_total": "sglang:num_retracted_requests",
-}
-
-
-@dataclass(frozen=True)
-class ScrapedMetrics:
-    metrics: EngineMetrics
-    pool_tokens: Optional[int]
-    block_size: Optional[int]
-    server: str  # "vllm" | "sglang" | "unknown"
-
-
-def parse_metrics(text: str) -> ScrapedMetrics:
-    """vLLM's or SGLang's /metrics (Prometheus text) into the sampled gauges and counters."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    values: dict[str, float] = {}
-    pool_tokens = block_size = None
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name = sample.name
-            if name.endswith("_created"):
-                continue
-            base = name[:-6] if name.endswith("_total") else name
-            values[base] = values.get(base, 0.0) + sample.value  # sums over labels (e.g. engine index)
-            if family.name == "vllm:cache_config_info":
-                labels = sample.labels
-                if "num_gpu_blocks" in labels and labels["num_gpu_blocks"] not in ("", "None"):
-                    block_size = int(labels.get("block_size", 16))
-                    pool_tokens = int(labels["num_gpu_blocks"]) * block_size
-    server = "vllm" if any(k.startswith("vllm:") for k in values) else (
-        "sglang" if any(k.startswith("sglang:") for k in values) else "unknown")
-    names = SGLANG_METRICS if server == "sglang" else VLLM_METRICS
-
-    def get(key: str) -> float:
-        return values.get(names[key], math.nan)
-
-    def count(key: str) -> int:
-        v = get(key)
-        return -1 if math.isnan(v) else int(v)
-
-    if server == "sglang" and "sglang:max_total_num_tokens" in values:
-        pool_tokens = int(values["sglang:max_total_num_tokens"])
-    metrics = EngineMetrics(count("num_running"), count("num_waiting"), get("kv_usage"),
-                            count("prefix_cache_queries_total"), count("prefix_cache_hits_total"),
-                            count("num_preemptions_total"))
-    return ScrapedMetrics(metrics, pool_tokens, block_size, server)
-
-
-# ---------------------------------------------------------------------- client
 def _until_done(events: list[bytes]) -> list[bytes]:
     """A batch's SSE data payloads up to the ``[DONE]`` that ends the stream (later ones ignored)."""
     for i, data in enumerate(events):

@@ -22,8 +22,9 @@ from typing import Optional, Sequence
 from ..core.clock import Clock
 from ..core.engines import EngineMetrics
 from ..core.lateness import LatenessHistogram
-from .http_client import (EndpointOptions, HttpStatusError, OpenAIEngineClient, PreflightError, ScrapedMetrics,
-                          Transport, TransportError)
+from .http_client import EndpointOptions, OpenAIEngineClient, PreflightError
+from .server_metrics import ScrapedMetrics
+from .transport import HttpStatusError, Transport, TransportError
 
 
 class ReplicaSetClient(OpenAIEngineClient):

@@ -25,7 +25,8 @@ from ..core.clock import WallClock
 from ..core.gateway import Gateway
 from ..core.lateness import lag_report
 from .progress import LiveProgress, LiveSnapshot
-from .http_client import EndpointOptions, OpenAIEngineClient, PreflightError, Transport, api_key_from_env
+from .http_client import EndpointOptions, OpenAIEngineClient, PreflightError, api_key_from_env
+from .transport import Transport
 from .replicas import ReplicaSetClient, make_client
 from ..core.recording import RunRecorder, warm_up as warm_up_recording, write_json_atomic
 from ..core.runner import run_info, sample_row

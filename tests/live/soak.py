@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from loadgen.analysis.attempts import attempt_outcome
 from loadgen.core.runner import RunKey
 from loadgen.core.spec import parse_spec
-from loadgen.live.http_client import AiohttpTransport
+from loadgen.live.transport import AiohttpTransport
 from loadgen.live.raw_http import RawHttpTransport
 from loadgen.live.runner import run_live
 

@@ -6,7 +6,8 @@ import pytest
 
 from loadgen.core.clock import WallClock
 from loadgen.core.engines import TurnRequest
-from loadgen.live.http_client import EndpointOptions, MockResponse, MockTransport, OpenAIEngineClient, PreflightError
+from loadgen.live.http_client import EndpointOptions, OpenAIEngineClient, PreflightError
+from loadgen.live.transport import MockResponse, MockTransport
 from loadgen.live.tokenizer import LocalTokenizer
 from tests.live.small_tokenizer import build_tokenizer
 from tests.test_http_client import VLLM_METRICS, sse

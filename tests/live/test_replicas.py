@@ -11,7 +11,8 @@ import pytest
 
 from loadgen.core.clock import WallClock
 from loadgen.core.engines import TurnRequest
-from loadgen.live.http_client import EndpointOptions, OpenAIEngineClient, PreflightError, TransportError
+from loadgen.live.http_client import EndpointOptions, OpenAIEngineClient, PreflightError
+from loadgen.live.transport import TransportError
 from loadgen.live.replicas import ReplicaSetClient, make_client
 
 ROUTER = "http://router:8000"

@@ -14,7 +14,8 @@ import pytest
 
 from loadgen.core.runner import RunKey
 from loadgen.core.spec import OpenAIEngineSpec, parse_spec
-from loadgen.live.http_client import MockResponse, MockTransport, PreflightError
+from loadgen.live.http_client import PreflightError
+from loadgen.live.transport import MockResponse, MockTransport
 from loadgen.live.runner import run_live
 from tests.conftest import make_spec_dict
 
