@@ -35,6 +35,7 @@ COMPILED_MODULES = (
     "loadgen.sim.kv_pool",
     "loadgen.sim.sglang_engine",
     "loadgen.sim.sglang_prefill",
+    "loadgen.sim.sglang_decode",
     "loadgen.sim.sglang_overlap",
     "loadgen.sim.radix_cache",
     "loadgen.core.clock",
