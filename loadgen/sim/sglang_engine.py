@@ -30,9 +30,10 @@ Why it is fast. Every running request takes part in every decode step, so the ru
 kept as aggregates (count, sum of contexts, a heap of finish steps) and a stretch of decode
 steps in which nothing can change (no admission is possible or attempted, the pool holds a
 slot per request for every step, nobody finishes before its end) is committed in closed form,
-its duration a quadratic in its length, as in the vLLM flavour. The radix tree is compressed
-(loadgen/sim/radix_cache.py). tests/sim/reference_sglang.py does all of this literally, token
-by token; tests/sim/test_differential_sglang.py checks that both agree.
+its duration a quadratic in its length, as in the vLLM flavour (loadgen/sim/sglang_decode.py,
+with the retraction). The radix tree is compressed (loadgen/sim/radix_cache.py).
+tests/sim/reference_sglang.py does all of this literally, token by token;
+tests/sim/test_differential_sglang.py checks that both agree.
 
 Time, callbacks, ``advance_to``/``next_wakeup`` and the stretches' timing are the step machine
 both flavours share (loadgen/sim/step_machine.py). A flush
