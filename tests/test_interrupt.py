@@ -41,10 +41,11 @@ def _wait_for_status(run_dir: Path, status: str, proc: subprocess.Popen) -> None
         time.sleep(POLL_S)
 
 
-def _interrupt_long_run(tmp_path: Path, workers: str, under_way: list[str]) -> tuple[dict, list, Path, str, int]:
+def _interrupt_long_run(tmp_path: Path, workers: str, under_way: list[str],
+                        num_days: int = 1) -> tuple[dict, list, Path, str, int]:
     """Start `loadgen run` on a long spec, send SIGINT (to it alone) once the runs ``under_way``
     have begun; (spec, args, out, stderr, exit code)."""
-    data = make_spec_dict(**LONG_RUN)
+    data = make_spec_dict(**{**LONG_RUN, "duration_s": LONG_RUN["duration_s"] * num_days})
     spec_path = tmp_path / "long.yaml"
     spec_path.write_text(yaml.safe_dump(data))
     out = tmp_path / "out"
@@ -84,8 +85,10 @@ def test_ctrl_c_marks_the_run_under_way_interrupted_and_running_again_completes_
 
 
 def test_ctrl_c_with_two_workers_marks_both_runs_under_way_interrupted(tmp_path):
-    # the first two runs start together, one per worker; the signal reaches the parent only
-    data, args, out, stderr, returncode = _interrupt_long_run(tmp_path, "2", ["base-s1", "burst-s1"])
+    # the first two runs start together, one per worker; the signal reaches the parent only. Four
+    # days: the first run must still be under way when the second worker, started later, begins
+    # its run (a day, ~3 s, was once over before a loaded machine's second worker got there)
+    data, args, out, stderr, returncode = _interrupt_long_run(tmp_path, "2", ["base-s1", "burst-s1"], num_days=4)
     assert returncode == 130
     assert "Traceback" not in stderr
     runs = out / "runs"

@@ -409,8 +409,8 @@ class GatewayProxy:
                 self._end_session(session, "idle")
 
     async def _scrape_upstreams(self) -> None:
-        from ..live.server_metrics import parse_metrics
         from ..live.raw_http import RawHttpTransport
+        from ..live.server_metrics import parse_metrics
 
         transport = RawHttpTransport()
         try:
@@ -438,8 +438,8 @@ async def read_pool_tokens(urls: list[str]) -> int:
     """``pool_tokens: auto``: the upstreams' KV pools summed, read as the live preflight reads
     them (/metrics, or SGLang's server info). ValueError naming what could not be read."""
     from ..live.http_client import EndpointOptions
-    from ..live.transport import TransportError
     from ..live.replicas import ReplicaSetClient
+    from ..live.transport import TransportError
 
     client = ReplicaSetClient(WallClock(), EndpointOptions(url=urls[0]), urls)
     try:
