@@ -156,10 +156,10 @@ def test_report_lists_a_run_with_a_corrupt_parquet_file_and_goes_on(tmp_path):
     # rows of a run that died mid-way, in a part file that is corrupt: listed, not merged, not fatal
     parts = out / "runs" / "base-s1" / ".parts"
     parts.mkdir()
-    (parts / "turns-000001.parquet").write_bytes(b"junk")
+    (parts / "turns-00001.arrow").write_bytes(b"junk")
     proc = _loadgen("report", str(out), "--no-figures")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "unreadable runs (not counted): base-s1, burst-s2" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert [r["run_id"] for r in summary["runs"]] == ["base-s2", "burst-s1"]
-    assert "rows that cannot be merged into the run's tables (turns-000001.parquet)" in summary["unreadable_runs"][0]["error"]
+    assert "rows that cannot be merged into the run's tables (turns-00001.arrow)" in summary["unreadable_runs"][0]["error"]

@@ -4,6 +4,8 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.ipc  # noqa: F401  (pa.ipc)
 import pyarrow.parquet as pq
 import pytest
 
@@ -131,6 +133,23 @@ def test_crashed_run_keeps_flushed_rows(tmp_path):
     t = pq.read_table(tmp_path / "turns.parquet")
     assert t.column("session_id").to_pylist() == [0, 1, 2, 3, 4]
     assert pq.read_table(tmp_path / "samples.parquet").num_rows == 0
+
+
+def test_recovery_merges_the_parquet_parts_of_results_written_before_ipc_parts(tmp_path):
+    rec = RunRecorder(tmp_path, "r", "arm", 1, flush_interval_s=60)
+    for i in range(12):  # parts 0-11: their order is the number's, not the name's
+        rec.turn(i, 0, False, "synthetic", 1.0, 1.0, 2.0, 3.0, 100, 0, 10, 0, None)
+        rec.maybe_flush(61.0 * (i + 1))
+    parts = tmp_path / PARTS_DIR
+    assert sorted(p.name for p in parts.glob("turns-*")) == [f"turns-{i:05d}.arrow" for i in range(12)]
+    for i in (3, 11):  # an earlier version's parts of the same rows
+        part = parts / f"turns-{i:05d}.arrow"
+        with pa.OSFile(str(part), "rb") as source:
+            pq.write_table(pa.ipc.open_file(source).read_all(), part.with_suffix(".parquet"))
+        part.unlink()
+    assert merge_parts(tmp_path)
+    assert pq.read_table(tmp_path / "turns.parquet").column("session_id").to_pylist() == list(range(12))
+    assert not parts.exists()
 
 
 def test_a_background_writer_writes_every_part_in_order_and_a_failed_write_is_raised(tmp_path):

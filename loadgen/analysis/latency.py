@@ -108,6 +108,26 @@ def nearest_rank(values: np.ndarray, q: float) -> float:
     return float(np.partition(values, rank - 1)[rank - 1])
 
 
+def nearest_rank_by_group(values: np.ndarray, group: np.ndarray, num_groups: int,
+                          qs: tuple[float, ...]) -> list[np.ndarray]:
+    """For each q of ``qs``: ``[nearest_rank(values[group == k], q) for k in range(num_groups)]``
+    as an array, from one sort."""
+    finite = np.isfinite(values)
+    values, group = values[finite], group[finite]
+    order = np.argsort(values, kind="stable")
+    ordered = values[order][np.argsort(group[order], kind="stable")]
+    counts = np.bincount(group, minlength=num_groups)
+    starts = np.cumsum(counts) - counts
+    has = counts > 0
+    quantiles = []
+    for q in qs:
+        ranks = np.minimum(counts, np.maximum(1, np.ceil(q * counts - 1e-12))).astype(np.int64)
+        out = np.full(num_groups, math.nan)
+        out[has] = ordered[starts[has] + ranks[has] - 1]
+        quantiles.append(out)
+    return quantiles
+
+
 def latency_stats(values: np.ndarray) -> dict:
     """{"p50", "p90", "p99", "mean"} of the finite values (None when undefined)."""
     finite = values[np.isfinite(values)]

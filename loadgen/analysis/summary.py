@@ -9,7 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
-from ..core.recording import PARTS_DIR
+from ..core.recording import PARTS_DIR, part_files
 from ..core.same_spec import describe_differences, spec_differences
 from .drain import cold_turn_fit, drain_fields
 from .latency import latency_by_arm
@@ -80,7 +80,7 @@ def summarize(results_dir: str | os.PathLike, load: Callable[[Path], RunData] = 
             if run_json.get("status") != "completed":
                 incomplete_runs.append(str(run_json["run_id"]))
                 continue
-            unmerged = sorted(p.name for p in (run_dir / PARTS_DIR).glob("*.parquet"))
+            unmerged = [p.name for p in part_files(run_dir / PARTS_DIR)]
             if unmerged:  # rows written but not merged (a corrupt part): the tables would miss them
                 raise ValueError(f"{run_dir / PARTS_DIR}: rows that cannot be merged into the run's tables "
                                  f"({', '.join(unmerged)})")

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..core.arrow_numpy import array
-from .latency import LATENCY_METRICS, PERCENTILES, nearest_rank, turn_latencies
+from .latency import LATENCY_METRICS, PERCENTILES, nearest_rank_by_group, turn_latencies
 from .runs import RunData, float_column, load_run, read_parquet
 from .windows import count_windows
 
@@ -71,13 +71,11 @@ def window_table(run: RunData, width_s: float = WINDOW_S) -> pa.Table:
                 columns[name] = np.where(num_samples > 0, sums / np.maximum(num_samples, 1), math.nan)
         else:
             columns[name] = np.full(num_windows, math.nan)
-    order = np.argsort(index, kind="stable")
-    bounds = np.searchsorted(index[order], np.arange(num_windows + 1))
     for metric in LATENCY_METRICS:
-        values = getattr(lat, metric)[in_span][order]
-        for p, q in PERCENTILES:
-            columns[f"{metric[:-2]}_{p}_s"] = np.array(
-                [nearest_rank(values[bounds[k]:bounds[k + 1]], q) for k in range(num_windows)], dtype=np.float64)
+        quantiles = nearest_rank_by_group(getattr(lat, metric)[in_span], index, num_windows,
+                                          tuple(q for _, q in PERCENTILES))
+        for (p, _), values in zip(PERCENTILES, quantiles):
+            columns[f"{metric[:-2]}_{p}_s"] = values
     return pa.table({f.name: array(columns[f.name], f.type) for f in WINDOW_SCHEMA}, schema=WINDOW_SCHEMA)
 
 

@@ -1,8 +1,9 @@
 """Per-run results written as the run goes (docs/results-format.md).
 
 Rows are buffered in columns and written every ``flush_interval_s`` of run time as small,
-complete Parquet files under ``<run>/.parts/``; closing the run merges them into
-``turns.parquet``, ``samples.parquet`` and ``sessions.parquet``. If the process dies mid-run,
+complete Arrow IPC files under ``<run>/.parts/`` (a sixth of a Parquet part's cost to write, and
+only ever read to recover a run); closing the run merges them into ``turns.parquet``,
+``samples.parquet`` and ``sessions.parquet``. If the process dies mid-run,
 the parts on disk stay readable and ``recover_run`` merges them, so a crash loses at most one
 flush interval (and the rows of sessions still in the system, written only at close).
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pyarrow as pa
+import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from .arrow_numpy import array
@@ -94,6 +96,8 @@ TABLES = {"turns": TURN_SCHEMA, "samples": SAMPLE_SCHEMA, "sessions": SESSION_SC
 # written only by the runs that have rows for them (no empty file in every other run)
 OPTIONAL_TABLES = {"replica_samples": REPLICA_SAMPLE_SCHEMA}
 PARTS_DIR = ".parts"
+# a part file's suffixes: Arrow IPC, and Parquet in the parts of runs written before IPC parts
+PART_SUFFIXES = (".arrow", ".parquet")
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -292,7 +296,7 @@ class RunRecorder:
             elif len(columns):
                 index = self._num_parts[name]
                 self._num_parts[name] += 1
-                path = self._parts / f"{name}-{index:05d}.parquet"
+                path = self._parts / f"{name}-{index:05d}.arrow"
                 table = columns.take()
                 self._written[name].append(table)
                 if self._writer is None:
@@ -350,8 +354,28 @@ def warm_up() -> None:
 
 def _write_part(table: pa.Table, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp)
+    with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
     os.replace(tmp, path)
+
+
+def part_files(parts_dir: Path, name: Optional[str] = None) -> list[Path]:
+    """The part files of table ``name`` (every table's when None) in ``parts_dir``, in the order
+    they were written."""
+    paths = [p for suffix in PART_SUFFIXES for p in parts_dir.glob(f"{name or '*'}-*{suffix}")]
+    return sorted(paths, key=_part_order)
+
+
+def _part_order(path: Path) -> tuple:
+    table, _, index = path.stem.rpartition("-")
+    return (table, int(index) if index.isdigit() else -1, path.suffix)
+
+
+def _read_part(path: Path) -> pa.Table:
+    if path.suffix == ".parquet":
+        return pq.read_table(path)
+    with pa.OSFile(str(path), "rb") as source:
+        return ipc.open_file(source).read_all()
 
 
 def merge_parts(run_dir: Path, written: Optional[dict[str, list[pa.Table]]] = None) -> bool:
@@ -364,7 +388,7 @@ def merge_parts(run_dir: Path, written: Optional[dict[str, list[pa.Table]]] = No
     if not parts_dir.is_dir():
         return False
     for name, schema in {**TABLES, **OPTIONAL_TABLES}.items():
-        parts = sorted(parts_dir.glob(f"{name}-*.parquet"))
+        parts = part_files(parts_dir, name)
         tables = []
         final = run_dir / f"{name}.parquet"
         if name in OPTIONAL_TABLES and not parts:
@@ -374,7 +398,7 @@ def merge_parts(run_dir: Path, written: Optional[dict[str, list[pa.Table]]] = No
         else:
             if final.exists() and parts:
                 tables.append(pq.read_table(final))
-            tables += [pq.read_table(p) for p in parts]
+            tables += [_read_part(p) for p in parts]
         if tables or not final.exists():
             table = pa.concat_tables(tables) if tables else schema.empty_table()
             tmp = final.with_name(final.name + ".tmp")
