@@ -31,6 +31,7 @@ PURE_PYTHON_ENV = "LOADGEN_PURE_PYTHON"
 COMPILED_MODULES = (
     "loadgen.sim.step_machine",
     "loadgen.sim.engine",
+    "loadgen.sim.vllm_decode",
     "loadgen.sim.vllm_admission",
     "loadgen.sim.kv_pool",
     "loadgen.sim.sglang_engine",

@@ -22,14 +22,13 @@ decoders, and a stretch of pure-decode steps is committed in closed form (its du
 quadratic in its length). Per-request work happens only at admission, finish and preemption.
 
 Time (``advance_to``, ``next_wakeup``, delivery, the stretches' timing) is the step machine both
-flavours share (loadgen/sim/step_machine.py); the CPU offload tier's scheduling is
-loadgen/sim/vllm_offload.py; requests and the configuration are loadgen/sim/request.py.
+flavours share (loadgen/sim/step_machine.py); the decoders' aggregates and stretches are
+loadgen/sim/vllm_decode.py; the CPU offload tier's scheduling is loadgen/sim/vllm_offload.py;
+requests and the configuration are loadgen/sim/request.py.
 """
 
 from __future__ import annotations
 
-import bisect
-import heapq
 from collections import deque
 from typing import Callable, Hashable, Optional
 
@@ -39,13 +38,14 @@ from .offload import HostTier
 from .request import FINISHED, LOADING, RUNNING, WAITING, EngineConfig, SimRequest
 from .step_machine import StepMachine
 from .vllm_admission import Admission
+from .vllm_decode import DecodeAggregates
 from .vllm_offload import OffloadScheduling
 from .vllm_stream_tree import StreamTree
 
 __all__ = ["EngineConfig", "FINISHED", "LOADING", "RUNNING", "SimEngine", "SimRequest", "WAITING"]
 
 
-class SimEngine(Admission, OffloadScheduling, StreamTree, StepMachine):
+class SimEngine(Admission, OffloadScheduling, StreamTree, DecodeAggregates, StepMachine):
     """A vLLM v1 engine in simulated time. See the module docstring."""
 
     def __init__(self, config: EngineConfig, cost: StepCostModel) -> None:
@@ -224,42 +224,6 @@ class SimEngine(Admission, OffloadScheduling, StreamTree, StepMachine):
     def kv_usage(self) -> float:
         return self.pool.usage()
 
-    # ------------------------------------------------------------------ decoders as aggregates
-    def _add_decoder(self, req: SimRequest, g0: int) -> None:
-        req.is_decoder = True
-        req.g0 = g0
-        req.nc0 = req.num_computed
-        req.gen0 = req.generated
-        req.residue = (g0 - req.nc0) % self.block_size
-        self._residues[req.residue] += 1
-        self.num_decoders += 1
-        self._decoder_ctx_const += req.nc0 - g0 + 1
-        heapq.heappush(self._finish_heap, (g0 + req.max_tokens - req.gen0 - 1, req.admit_seq, req))
-
-    def _remove_decoder(self, req: SimRequest, g: int) -> None:
-        """Take ``req`` out of the aggregates with its state as of the start of step ``g``."""
-        req.is_decoder = False
-        self._residues[req.residue] -= 1
-        self.num_decoders -= 1
-        self._decoder_ctx_const -= req.nc0 - req.g0 + 1
-        steps = g - req.g0
-        req.num_computed = req.nc0 + steps
-        req.generated = req.gen0 + steps
-        req.num_tokens = req.num_prompt_tokens + req.generated
-        if steps > 0:
-            # its tokens were sampled at the ends of steps g0 .. g-1, the last one just committed
-            gap_s = self._gap_max_s[bisect.bisect_left(self._gap_steps, req.g0)]
-            if not gap_s <= req.max_token_gap_s:
-                req.max_token_gap_s = gap_s
-            req.last_token_s = self._last_end_s
-
-    def _stretch_coeffs(self) -> tuple[float, float]:
-        """Step i of a pure-decode stretch from G lasts alpha + 2 * beta * i."""
-        c = self.cost
-        r = self.num_decoders
-        alpha = c.t0_s + c.a_s_per_token * r + c.g_s_per_token * (self._decoder_ctx_const + r * self.step_index)
-        return alpha, c.g_s_per_token * r / 2.0
-
     # ------------------------------------------------------------------ stretches
     def _stretch_bounds_now(self) -> Optional[tuple[int, Optional[float]]]:
         if self.jitter is not None:  # every step draws its own jitter
@@ -272,49 +236,6 @@ class SimEngine(Admission, OffloadScheduling, StreamTree, StepMachine):
         if self.waiting and self._admission_plan(self.waiting[0], budget) is not None:
             return None
         return self._max_stretch(), None
-
-    def _max_stretch(self) -> int:
-        """Pure-decode steps: up to the first finish, before a block shortage."""
-        heap = self._finish_heap
-        while heap and not _valid(heap[0]):
-            heapq.heappop(heap)
-        g = self.step_index
-        num_steps = heap[0][0] - g + 1
-        # blocks: r per full cycle of block_size steps, then the residues step by step
-        r = self.num_decoders
-        free = self.pool.num_free
-        bs = self.block_size
-        cycles = free // r
-        if cycles * bs < num_steps:
-            left = free - cycles * r
-            i = 0
-            res = self._residues
-            base = g + cycles * bs
-            while i < bs and res[(base + i) % bs] <= left:
-                left -= res[(base + i) % bs]
-                i += 1
-            num_steps = min(num_steps, cycles * bs + i)
-        return num_steps
-
-    def _commit_stretch(self, start_s: float, num_steps: int, coeffs: Optional[tuple[float, float]] = None) -> None:
-        g = self.step_index
-        bs = self.block_size
-        r = self.num_decoders
-        cycles, rest = divmod(num_steps, bs)
-        blocks = cycles * r
-        if rest:
-            res = self._residues
-            first = (g + cycles * bs) % bs
-            blocks += sum(res[first:first + rest]) + (sum(res[:first + rest - bs]) if first + rest > bs else 0)
-        self.pool.allocate(blocks)
-        alpha, beta = coeffs or self._stretch_coeffs()
-        self._inflight_end = start_s + alpha * num_steps + beta * num_steps * (num_steps - 1)
-        self._last_end_s = self._clock_s = self._inflight_end
-        self._push_gap(g, alpha + 2 * beta * (num_steps - 1))  # its steps grow longer: the last is longest
-        self.step_index = g + num_steps
-        self.num_steps += num_steps
-        self.generation_tokens_total += r * num_steps
-        self._collect_finished(g + num_steps - 1)
 
     # ------------------------------------------------------------------ one general step
     def _step(self, start_s: float) -> None:
@@ -415,44 +336,7 @@ class SimEngine(Admission, OffloadScheduling, StreamTree, StepMachine):
             else:
                 self._add_decoder(req, g + 1)
 
-    def _decode_with_shortage(self, g: int) -> bool:
-        """Too few free blocks for this step's decoders: allocate one by one in running order,
-        preempting the last running request when one cannot get its block (vLLM's loop)."""
-        bs = self.block_size
-        preempted = False
-        for req in list(self.running):
-            if req.state != RUNNING or not req.is_decoder:
-                continue
-            if (g - req.residue) % bs:
-                continue
-            while self.pool.num_free < 1:
-                victim = next(reversed(self.running))
-                self._preempt(victim, g)
-                preempted = True
-                if victim is req:
-                    break
-            if req.state == RUNNING:
-                self.pool.allocate(1)
-        return preempted
-
     # ------------------------------------------------------------------ leaving the running set
-    def _collect_finished(self, g: int) -> None:
-        """Decoders whose last token is produced by step ``g`` finish at its end, in running order."""
-        heap = self._finish_heap
-        while heap:
-            entry = heap[0]
-            req = entry[2]
-            if not (req.state == RUNNING and req.is_decoder and req.admit_seq == entry[1]):  # stale: see _valid
-                heapq.heappop(heap)
-                continue
-            if entry[0] != g:
-                if entry[0] < g:
-                    raise AssertionError(f"decoder {entry[2]!r} should have finished at step {entry[0]} < {g}")
-                return
-            heapq.heappop(heap)
-            self._remove_decoder(req, g + 1)
-            self._finish(req, req.num_computed)
-
     def _finish(self, req: SimRequest, kv_tokens: int) -> None:
         del self.running[req]
         self._release_blocks(req, kv_tokens)
@@ -547,8 +431,3 @@ class SimEngine(Admission, OffloadScheduling, StreamTree, StepMachine):
             self._preempt(req, g)
         self.pool.reset(self.streams.values())
         self.flush_times_s.append(now_s)
-
-
-def _valid(entry: tuple) -> bool:
-    _, seq, req = entry
-    return req.state == RUNNING and req.is_decoder and req.admit_seq == seq
