@@ -6,11 +6,12 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
 from loadgen.analysis import load_run, summarize
-from loadgen.analysis.latency import format_latency_table, turn_latencies
+from loadgen.analysis.latency import format_latency_table, nearest_rank, nearest_rank_by_group, turn_latencies
 from loadgen.analysis.sessions import session_results
 from loadgen.analysis.windows_table import write_windows
 from tests.factories import session_row, turn_row, write_run_dir
@@ -135,3 +136,15 @@ def test_windows_parquet_has_one_row_per_minute_with_rates_and_percentiles(tmp_p
     assert first["generated_tokens_per_s"] == pytest.approx(500 / 60)  # factory turns output 100 tokens
     assert first["ttft_p50_s"] == 3.0 and first["ttft_p99_s"] == 5.0 and second["ttft_p90_s"] == 10.0
     assert second["gateway_wait_p99_s"] == 3.0
+
+
+def test_percentiles_by_window_are_each_windows_nearest_rank():
+    rng = np.random.default_rng(7)
+    for num_groups, n in ((1, 0), (5, 1), (9, 40), (90, 3000)):
+        values = rng.exponential(size=n).round(2)  # ties included
+        values[rng.random(n) < 0.1] = np.nan  # a one-token turn's ITL, say
+        group = np.sort(rng.integers(0, num_groups, size=n))
+        qs = (0.5, 0.9, 0.99)
+        for q, got in zip(qs, nearest_rank_by_group(values, group, num_groups, qs)):
+            want = [nearest_rank(values[group == k], q) for k in range(num_groups)]
+            np.testing.assert_array_equal(got, want)  # NaN where a window has no finite value
