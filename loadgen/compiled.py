@@ -39,9 +39,12 @@ COMPILED_MODULES = (
     "loadgen.sim.sglang_decode",
     "loadgen.sim.sglang_overlap",
     "loadgen.sim.radix_cache",
+    "loadgen.sim.request",
     "loadgen.core.clock",
     "loadgen.core.session",
     "loadgen.core.engines",
+    "loadgen.core.gateway",
+    "loadgen.core.recording",
 )
 
 _ROOT = Path(__file__).resolve().parent.parent
