@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.ipc  # noqa: F401  (pa.ipc)
+import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
@@ -145,7 +145,7 @@ def test_recovery_merges_the_parquet_parts_of_results_written_before_ipc_parts(t
     for i in (3, 11):  # an earlier version's parts of the same rows
         part = parts / f"turns-{i:05d}.arrow"
         with pa.OSFile(str(part), "rb") as source:
-            pq.write_table(pa.ipc.open_file(source).read_all(), part.with_suffix(".parquet"))
+            pq.write_table(ipc.open_file(source).read_all(), part.with_suffix(".parquet"))
         part.unlink()
     assert merge_parts(tmp_path)
     assert pq.read_table(tmp_path / "turns.parquet").column("session_id").to_pylist() == list(range(12))
