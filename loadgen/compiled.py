@@ -5,10 +5,10 @@ a machine without a C compiler gets none of them and runs the same code as Pytho
 module is the same source, so a run gives the same bytes either way
 (tests/test_compiled.py compares whole results directories).
 
-A compiled module is used only while it is newer than its source: after an edit or a checkout,
-the edited module runs as Python instead of the compiled copy of an older source, silently (a
-warning would change what every command prints to stderr) until ``pip install -e .`` rebuilds
-it; ``compiled_modules()`` says which run compiled (benchmarks/bench_sim.py prints it).
+The compiled modules are used only while each is newer than its source and its ``.pxd``:
+after an edit or a checkout, every listed module runs as Python instead (they share typed
+classes, so it is all or none), silently (a warning would change what every command prints to
+stderr) until ``pip install -e .`` rebuilds them; ``compiled_modules()`` says which run compiled (benchmarks/bench_sim.py prints it).
 ``LOADGEN_PURE_PYTHON=1`` runs every module as Python.
 """
 
@@ -30,9 +30,12 @@ PURE_PYTHON_ENV = "LOADGEN_PURE_PYTHON"
 # engines' scheduling, and the event loop, sessions and engine adapter that drive them
 COMPILED_MODULES = (
     "loadgen.sim.step_machine",
-    "loadgen.sim.engine",
-    "loadgen.sim.vllm_decode",
+    "loadgen.sim.vllm_state",
     "loadgen.sim.vllm_admission",
+    "loadgen.sim.vllm_decode",
+    "loadgen.sim.vllm_stream_tree",
+    "loadgen.sim.vllm_offload",
+    "loadgen.sim.engine",
     "loadgen.sim.kv_pool",
     "loadgen.sim.sglang_engine",
     "loadgen.sim.sglang_prefill",
@@ -79,22 +82,25 @@ class _SourceFirst(importlib.abc.MetaPathFinder):
 
 
 def _stale(source: Path, compiled: Path) -> bool:
-    """The source changed after it was compiled."""
-    return source.stat().st_mtime > compiled.stat().st_mtime
+    """The source, or its typed layout (the ``.pxd`` beside it), changed after it was compiled."""
+    built_s = compiled.stat().st_mtime
+    layout = source.with_suffix(".pxd")
+    return source.stat().st_mtime > built_s or (layout.exists() and layout.stat().st_mtime > built_s)
 
 
 def install() -> None:
-    """Decide, once per process and before any listed module is imported, which run compiled."""
+    """Decide, once per process and before any listed module is imported, which run compiled.
+
+    All or none: the compiled modules share typed classes (a compiled engine subclasses the
+    compiled step machine and reads compiled requests' fields), so one module that must run as
+    Python (edited since the build, or never built) makes every listed module run as Python."""
     if any(isinstance(f, _SourceFirst) for f in sys.meta_path):
         return
-    pure_everywhere = pure_python_requested()
-    as_python = set()
-    for name in COMPILED_MODULES:
-        source, compiled = _paths(name)
-        if compiled is not None and (pure_everywhere or _stale(source, compiled)):
-            as_python.add(name)
-    if as_python:
-        sys.meta_path.insert(0, _SourceFirst(as_python))
+    paths = [_paths(name) for name in COMPILED_MODULES]
+    if all(compiled is None for _, compiled in paths):
+        return
+    if pure_python_requested() or any(compiled is None or _stale(source, compiled) for source, compiled in paths):
+        sys.meta_path.insert(0, _SourceFirst(set(COMPILED_MODULES)))
 
 
 def compiled_modules() -> list[str]:

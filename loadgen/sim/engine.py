@@ -29,69 +29,20 @@ requests and the configuration are loadgen/sim/request.py.
 
 from __future__ import annotations
 
-from collections import deque
-from typing import Callable, Hashable, Optional
+from typing import Hashable, Optional
 
-from .cost import StepCostModel
-from .kv_pool import BlockPool, Stream
-from .offload import HostTier
+from .kv_pool import Stream
 from .request import FINISHED, LOADING, RUNNING, WAITING, EngineConfig, SimRequest
-from .step_machine import StepMachine
-from .vllm_admission import Admission
-from .vllm_decode import DecodeAggregates
 from .vllm_offload import OffloadScheduling
-from .vllm_stream_tree import StreamTree
 
-__all__ = ["EngineConfig", "FINISHED", "LOADING", "RUNNING", "SimEngine", "SimRequest", "WAITING"]
+__all__ = ["EngineConfig", "FINISHED", "LOADING", "RUNNING", "SimEngine", "WAITING"]
 
 
-class SimEngine(Admission, OffloadScheduling, StreamTree, DecodeAggregates, StepMachine):
-    """A vLLM v1 engine in simulated time. See the module docstring."""
+class SimEngine(OffloadScheduling):
+    """A vLLM v1 engine in simulated time. See the module docstring.
 
-    def __init__(self, config: EngineConfig, cost: StepCostModel) -> None:
-        if config.max_num_batched_tokens < 1 or config.max_num_seqs < 1 or config.block_size < 1:
-            raise ValueError("block_size, max_num_batched_tokens and max_num_seqs must be >= 1")
-        self.config = config
-        self.cost = cost
-        self.block_size = config.block_size
-        self.caching = config.enable_prefix_caching
-        self.pool = BlockPool(config.num_blocks)
-        self.streams: dict[Hashable, Stream] = {}
-        self.waiting: deque[SimRequest] = deque()
-        self.running: dict[SimRequest, None] = {}  # insertion order is vLLM's running order
-        self.prefilling: list[SimRequest] = []  # running requests still in prefill, in order
-        self.step_index = 0  # G: index of the next step
-        self.num_decoders = 0
-        self._decoder_ctx_const = 0  # sum over decoders of (nc0 - g0 + 1): their context is this + R*G
-        self._residues = [0] * config.block_size  # decoders needing a block at steps G % block_size
-        self._finish_heap: list = []  # (finish step, admit_seq, request)
-        self._admit_seq = 0
-        self._init_step_machine()
-        self._flush_requested = False
-        self._aborts: list[SimRequest] = []  # to abort at the next step boundary, in request order
-        self.flush_times_s: list[float] = []
-        # vLLM-like counters (token counters, like vllm:prefix_cache_*_total)
-        self.prefix_cache_queries = 0
-        self.prefix_cache_hits = 0
-        self.num_preemptions = 0
-        self.prompt_tokens_total = 0
-        self.generation_tokens_total = 0
-        self.num_steps = 0
-        self._last_end_s = 0.0  # end of the latest committed step
-        self.host: Optional[HostTier] = None
-        if config.offload is not None:
-            if not config.enable_prefix_caching:
-                raise ValueError("the CPU offload tier needs prefix caching (blocks are found by their hashes)")
-            self.host = HostTier(config.offload)
-        # the time of what the engine applies now: a store is submitted to its copy link then
-        self._clock_s = 0.0
-        self.num_loading = 0  # waiting requests that hold GPU blocks: loading, or loaded and not yet admitted
-        # vllm:external_prefix_cache_{queries,hits} (tokens) and vllm:kv_offload_total_bytes by direction
-        self.external_prefix_cache_queries = 0
-        self.external_prefix_cache_hits = 0
-        self.kv_offload_bytes_gpu_to_cpu = 0
-        self.kv_offload_bytes_cpu_to_gpu = 0
-        self.jitter: Optional[Callable[[], float]] = None  # per-step time multiplier (loadgen/sim/jitter.py)
+    ``SimEngine(config, cost)``; its state and constructor are ``VllmState``'s
+    (loadgen/sim/vllm_state.py), at the bottom of its chain of classes."""
 
     # ------------------------------------------------------------------ public surface
     def stream(self, key: Hashable, base_tokens: int = 0) -> Stream:
@@ -286,7 +237,7 @@ class SimEngine(Admission, OffloadScheduling, StreamTree, DecodeAggregates, Step
         if not preempted and self.host is not None:
             num_tokens, attention, budget = self._admit_waiting_offload(start_s, num_tokens, attention, budget,
                                                                         completed)
-            landing = [r.load_done_s for r in self.waiting if r.state == LOADING] if num_tokens == 0 else None
+            landing = [w.load_done_s for w in self.waiting if w.state == LOADING] if num_tokens == 0 else None
             if landing:
                 # nothing to compute, copies in flight: vLLM's empty steps poll until one lands
                 self._inflight_end = max(start_s, min(landing))

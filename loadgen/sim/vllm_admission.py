@@ -1,6 +1,6 @@
 """vLLM's admission of a waiting request: what its prefix-cache hit is and whether its blocks fit.
 
-A mixin of ``SimEngine`` (loadgen/sim/engine.py), which owns the state these methods use; the
+A layer of ``SimEngine`` (loadgen/sim/engine.py) over the state of loadgen/sim/vllm_state.py; the
 rules are vLLM v1's (vllm/v1/core/sched/scheduler.py, ``KVCacheManager.allocate_slots``), as the
 module docstring of engine.py describes.
 """
@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Optional
 
 from .request import RUNNING, SimRequest
+from .vllm_state import VllmState
 
 
-class Admission:
+class Admission(VllmState):
     """The admission half of SimEngine's scheduling."""
 
     def _admission_plan(self, req: SimRequest, budget: int) -> Optional[tuple]:
@@ -50,7 +51,9 @@ class Admission:
         need = total - hit_prefix - hit_own
         evictable = hit_own if own.ref_cnt == 0 else 0
         if req.segments is not None:
-            evictable += sum(h for seg, h in zip(req.segments, req.segment_hits) if seg.ref_cnt == 0)
+            for seg, h in zip(req.segments, req.segment_hits):
+                if seg.ref_cnt == 0:
+                    evictable += h
         elif prefix is not None and prefix.ref_cnt == 0:
             evictable += hit_prefix
         if need + evictable > self.pool.num_free:

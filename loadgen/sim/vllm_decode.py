@@ -1,7 +1,7 @@
 """vLLM's decoders as aggregates: the closed-form stretches of pure-decode steps, the block
 shortage loop, and the decoders that finish at a step.
 
-A mixin of ``SimEngine`` (loadgen/sim/engine.py), which owns the state these methods use; the
+A layer of ``SimEngine`` (loadgen/sim/engine.py) over the state of loadgen/sim/vllm_state.py; the
 module docstring of engine.py says why every decoder is a line in the global step index and what
 that buys. Follows vllm/v1/core/sched/scheduler.py (``schedule``'s running loop, where a request
 that cannot get a block preempts the last running one) as engine.py does.
@@ -14,9 +14,10 @@ import heapq
 from typing import Optional
 
 from .request import RUNNING, SimRequest
+from .vllm_admission import Admission
 
 
-class DecodeAggregates:
+class DecodeAggregates(Admission):
     """The decode half of SimEngine's scheduling."""
 
     # ------------------------------------------------------------------ decoders as aggregates

@@ -1,6 +1,6 @@
 """vLLM's CPU offload tier in the scheduler: loads before admission, stores when blocks are freed.
 
-A mixin of ``SimEngine`` (loadgen/sim/engine.py): with ``EngineConfig.offload`` set, a waiting
+A layer of ``SimEngine`` (loadgen/sim/engine.py): with ``EngineConfig.offload`` set, a waiting
 request whose blocks after its GPU hit are in the host tier (loadgen/sim/offload.py) is parked
 while they are copied (vLLM's WAITING_FOR_REMOTE_KVS), holding its whole prompt's GPU blocks,
 and scheduled in place once the copy lands; finished and preempted requests store their full
@@ -12,10 +12,11 @@ from __future__ import annotations
 from typing import Optional
 
 from .request import LOADING, RUNNING, WAITING, SimRequest
+from .vllm_stream_tree import StreamTree
 
 
-class OffloadScheduling:
-    """The offload-tier half of SimEngine's scheduling (it owns the state these methods use)."""
+class OffloadScheduling(StreamTree):
+    """The offload-tier half of SimEngine's scheduling."""
 
     def _offload_plan(self, req: SimRequest, budget: int) -> Optional[tuple]:
         """What admitting the waiting ``req`` would do now, or None if it cannot be admitted:

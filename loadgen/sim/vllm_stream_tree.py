@@ -9,7 +9,7 @@ in each stream (``segment_hits``: vLLM's lookup walks the chained block hashes a
 first miss) and the streams it builds (``segment_builders``). A request whose prefix has no
 parent takes the two-level path, as before. Not modelled with the CPU offload tier.
 
-A mixin of ``SimEngine`` (loadgen/sim/engine.py), which owns the state these methods use.
+A layer of ``SimEngine`` (loadgen/sim/engine.py) over the state of loadgen/sim/vllm_state.py.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from typing import Hashable, Optional
 
 from .kv_pool import Stream
 from .request import RUNNING, SimRequest
+from .vllm_decode import DecodeAggregates
 
 
-class StreamTree:
+class StreamTree(DecodeAggregates):
     """Streams that follow other streams, and the requests holding a stream that is cut."""
 
     def branch(self, key: Hashable, parent: Optional[Stream]) -> Stream:

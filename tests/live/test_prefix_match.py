@@ -12,7 +12,8 @@ import random
 import pytest
 
 from loadgen.live.prefix_match import BlockHashMatcher, TokenMatcher
-from loadgen.sim.engine import EngineConfig, SimEngine, SimRequest
+from loadgen.sim.engine import EngineConfig, SimEngine
+from loadgen.sim.request import SimRequest
 from loadgen.sim.radix_chains import ChainRadixCache
 from loadgen.sim.sglang_engine import SGLangConfig, SGLangEngine
 

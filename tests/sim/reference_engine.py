@@ -55,7 +55,7 @@ from collections import OrderedDict, deque
 from typing import Hashable, Optional
 
 from loadgen.sim.cost import StepCostModel
-from loadgen.sim.engine import EngineConfig, SimRequest
+from loadgen.sim.request import EngineConfig, SimRequest
 
 WAITING, RUNNING, FINISHED, LOADING = 0, 1, 2, 3
 

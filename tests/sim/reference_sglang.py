@@ -25,7 +25,7 @@ import math
 from typing import Hashable, Optional
 
 from loadgen.sim.cost import StepCostModel
-from loadgen.sim.engine import FINISHED, RUNNING, WAITING, SimRequest
+from loadgen.sim.request import FINISHED, RUNNING, WAITING, SimRequest
 from loadgen.sim.kv_pool import Stream
 from loadgen.sim.sglang_engine import SGLangConfig
 

@@ -24,7 +24,8 @@ from typing import Optional
 import pytest
 
 from loadgen.sim.cost import StepCostModel
-from loadgen.sim.engine import SimEngine, SimRequest
+from loadgen.sim.engine import SimEngine
+from loadgen.sim.request import SimRequest
 
 from .conftest import COST, make_engine
 from .reference_engine import ReferenceEngine

@@ -20,7 +20,7 @@ from dataclasses import replace
 import pytest
 
 from loadgen.sim.cost import StepCostModel
-from loadgen.sim.engine import SimRequest
+from loadgen.sim.request import SimRequest
 from loadgen.sim.sglang_engine import SGLangConfig, SGLangEngine
 
 from .conftest import COST

@@ -9,7 +9,8 @@ import weakref
 
 import pytest
 
-from loadgen.sim.engine import SimEngine, SimRequest
+from loadgen.sim.engine import SimEngine
+from loadgen.sim.request import SimRequest
 
 from .conftest import COST, make_engine
 from .reference_engine import ReferenceEngine

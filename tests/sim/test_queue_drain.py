@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from loadgen.sim.cost import queue_drain
-from loadgen.sim.engine import SimRequest
+from loadgen.sim.request import SimRequest
 
 from .conftest import COST, make_engine
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from loadgen.sim.cost import SGLANG_QWEN3_8B_MI300X, StepCostModel
-from loadgen.sim.engine import SimRequest
+from loadgen.sim.request import SimRequest
 from loadgen.sim.sglang_engine import SGLangConfig, SGLangEngine
 
 from .conftest import COST
