@@ -1,0 +1,14 @@
+# Typed layout of engines.py's SimEngineClient for the compiled build (setup.py); pure Python
+# ignores it.
+
+cdef class SimEngineClient:
+    cdef public object clock
+    cdef public object engine
+    cdef public long pool_tokens
+    cdef public object _timer
+    cdef public object _armed_at
+    cdef public long _seq
+    cdef public object placer
+
+    cpdef _rearm(self)
+    cpdef _fire(self)
