@@ -23,7 +23,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.layout_engine import PlaceHolderLayoutEngine  # noqa: E402
 
 from .recovery import cohort_completion_by_arrival  # noqa: E402
-from .replica_figures import plot_replica_panels, replica_figures, replica_panel_rows  # noqa: E402
+from .replica_figures import TITLE_Y, plot_replica_panels, replica_figures, replica_panel_rows  # noqa: E402
 from .runs import RunData, float_column, load_run  # noqa: E402
 from .tables import table_arms  # noqa: E402
 from .windows import DEGRADED_HIT_RATIO, window_series  # noqa: E402
@@ -135,11 +135,12 @@ def pair_figure(seed: int, runs: Sequence[RunData], colors: Mapping[str, str], e
 
     ax_hit.set_ylim(-0.02, 1.02)
     ax_hit.set_ylabel("prefix-cache hit ratio\n(token-weighted)")
-    ax_hit.set_title(f"Hit ratio per {WINDOW_S / 60:g}-minute window")
+    ax_hit.set_title(f"Hit ratio per {WINDOW_S / 60:g}-minute window", y=TITLE_Y)
     ax_tput.set_ylabel("turns / s")
-    ax_tput.set_title(f"Turn throughput per {WINDOW_S / 60:g}-minute window (successful turns)")
+    ax_tput.set_title(f"Turn throughput per {WINDOW_S / 60:g}-minute window (successful turns)",
+                      y=TITLE_Y)
     ax_sessions.set_ylabel("sessions")
-    ax_sessions.set_title("Sessions in the system (arrived, not finished)")
+    ax_sessions.set_title("Sessions in the system (arrived, not finished)", y=TITLE_Y)
     ax_sessions.set_xlabel("run time (minutes)")
     for ax in (ax_hit, ax_tput, ax_sessions):
         ax.grid(True, alpha=0.3)
@@ -172,7 +173,7 @@ def _plot_overview(
         ax.axhline(DEGRADED_HIT_RATIO, color="0.4", linestyle="--", linewidth=0.8)
         _shade_triggers([ax], _trigger_windows(runs))
         _mark_control(ax, _control_starts_s(runs), label=True)
-        ax.set_title(f"arm {arm}: {len(runs)} seed(s), one line per seed")
+        ax.set_title(f"arm {arm}: {len(runs)} seed(s), one line per seed", y=TITLE_Y)
         ax.set_ylabel("hit ratio")
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlim(left=0)
@@ -300,7 +301,7 @@ def figure_cohort_completion(runs_by_arm: Mapping[str, Sequence[RunData]], color
     ax.set_ylabel("finished by run end")
     ax.grid(True, alpha=0.3)
     ax.legend(loc="lower left", fontsize="small")
-    ax.set_title(f"{experiment}: cohort completion by arrival cohort, all seeds pooled")
+    ax.set_title(f"{experiment}: cohort completion by arrival cohort, all seeds pooled", y=TITLE_Y)
     return fig
 
 
@@ -332,8 +333,9 @@ def figure_arm_timeseries(runs_by_arm: Mapping[str, Sequence[RunData]], colors: 
         ax_hit.set_ylabel(f"{arm}\nhit ratio")
         ax_sessions.set_ylabel("sessions in system")
         ax_sessions.set_ylim(bottom=0)
-    axes[0, 0].set_title(f"hit ratio per {WINDOW_S / 60:g}-minute window (one line per seed)")
-    axes[0, 1].set_title("sessions in the system (dotted: control starts)")
+    axes[0, 0].set_title(f"hit ratio per {WINDOW_S / 60:g}-minute window (one line per seed)",
+                         y=TITLE_Y)
+    axes[0, 1].set_title("sessions in the system (dotted: control starts)", y=TITLE_Y)
     for ax in axes[-1]:
         ax.set_xlabel("run time (minutes)")
     fig.suptitle(f"{experiment}: per-arm time series")
@@ -364,7 +366,8 @@ def figure_mix_shift_scatter(summary: Mapping[str, Any], colors: Mapping[str, st
     ax.axhline(DEGRADED_HIT_RATIO, color="0.4", linestyle="--", linewidth=0.8)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best", fontsize="small")
-    ax.set_title(f"{summary.get('experiment')}: waiting now vs degrading later (one point per run)")
+    ax.set_title(f"{summary.get('experiment')}: waiting now vs degrading later (one point per run)",
+                 y=TITLE_Y)
     return fig
 
 
@@ -393,6 +396,6 @@ def figure_drain(summary: Mapping[str, Any], colors: Mapping[str, str]) -> Figur
     ax.legend(unique.values(), unique.keys(), fontsize=8)
     ax.set_xlabel("base arrival rate after the drop (sessions/s)")
     ax.set_ylabel("drift of owed cold work (engine-hours per hour)")
-    ax.set_title(f"{summary.get('experiment')}: does the backlog drain?", fontsize=10)
+    ax.set_title(f"{summary.get('experiment')}: does the backlog drain?", fontsize=10, y=TITLE_Y)
     fig.tight_layout()
     return fig

@@ -13,7 +13,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..core.arrow_numpy import float_values
-from .figures import DPI, _control_starts_s, save_figure, _mark_control, _minutes, _shade_triggers, _trigger_windows, arm_colors
+from .figures import DPI, TITLE_Y, _control_starts_s, save_figure, _mark_control, _minutes, _shade_triggers, _trigger_windows, arm_colors
 from .latency import nearest_rank, turn_latencies
 from .runs import RunData, load_run
 from .windows_table import read_windows
@@ -83,7 +83,8 @@ def figure_latency_over_time(runs_by_arm: Mapping[str, Sequence[RunData]], color
         ax.set_yscale("log")
         ax.set_ylabel("seconds")
         counts = ", ".join(f"{len(m)} {g}" for g, m in groups)
-        ax.set_title(f"arm {arm}: TTFT per minute (gateway wait included), median over runs: {counts}")
+        ax.set_title(f"arm {arm}: TTFT per minute (gateway wait included), median over runs: {counts}",
+                     y=TITLE_Y)
         ax.grid(True, alpha=0.3)
         ax.legend(loc="upper left", fontsize="small")
     axes[-1].set_xlabel("run time (minutes)")
@@ -114,12 +115,12 @@ def figure_cost_of_control(summary: Mapping[str, Any], colors: Mapping[str, str]
     ax_lat.set_yscale("log")
     ax_lat.set_xlabel("turns / s (whole runs)")
     ax_lat.set_ylabel("TTFT (s, gateway wait included)")
-    ax_lat.set_title("what control costs: TTFT p90 (o) / p99 (^) vs throughput")
+    ax_lat.set_title("what control costs: TTFT p90 (o) / p99 (^) vs throughput", y=TITLE_Y)
     ax_lat.grid(True, alpha=0.3)
     ax_lat.legend(fontsize="x-small", ncol=2)
     ax_tasks.set_ylim(0, 1.02)
     ax_tasks.set_ylabel("tasks finished / arrived")
-    ax_tasks.set_title("task completion per arm")
+    ax_tasks.set_title("task completion per arm", y=TITLE_Y)
     ax_tasks.tick_params(axis="x", labelrotation=30)
     fig.suptitle(f"{summary.get('experiment')}: cost of control per controller")
     return fig
