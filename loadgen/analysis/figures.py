@@ -251,17 +251,22 @@ def save_figure(make: Callable[[], Figure], path: Path) -> None:
     save_png(make(), path)
 
 
+# zlib's fastest level: the same pixels, ~40% less encoding time than Pillow's default (6) for
+# files ~10% larger
+PNG_COMPRESS_LEVEL = 1
+
+
 def save_png(fig: Figure, path: Path) -> None:
-    """``fig.savefig(path, dpi=DPI)``, the same bytes, laid out once. With a layout engine on,
-    savefig draws the whole figure twice: once (drawing nothing) only to run the layout, once
+    """``fig.savefig(path, dpi=DPI)``, laid out once and quickly compressed. With a layout engine
+    on, savefig draws the whole figure twice: once (drawing nothing) only to run the layout, once
     for the pixels. Running the layout here at the same dpi and turning the engine off leaves
-    savefig one draw; the layout is the same, so the PNG is byte for byte the same."""
+    savefig one draw; the layout is the same, so are the pixels."""
     engine = fig.get_layout_engine()
     if engine is not None and not isinstance(engine, PlaceHolderLayoutEngine):
         fig.set_dpi(DPI)
         engine.execute(fig)
         fig.set_layout_engine(None)
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=DPI, pil_kwargs={"compress_level": PNG_COMPRESS_LEVEL})
 
 
 # --------------------------------------------------------------------------------------------
