@@ -37,6 +37,12 @@ def _from_buffers(values: list | np.ndarray, arrow_type: pa.DataType):
             return None
         values = values.tolist() if values.dtype.kind in "OUS" else values
     n = len(values)
+    if arrow_type in _NUMERIC and isinstance(values, list):
+        # a NumPy array of a numeric kind has no None in it: most columns take this path, without
+        # scanning for nulls
+        dense = np.asarray(values)
+        if dense.ndim == 1 and n and dense.dtype.kind in _KINDS[arrow_type]:
+            return _numeric(dense, arrow_type, n, [], None)
     nulls = [i for i, v in enumerate(values) if v is None] if isinstance(values, list) and None in values else []
     present = [v for v in values if v is not None] if nulls else values
     validity = None
@@ -66,16 +72,24 @@ def _from_buffers(values: list | np.ndarray, arrow_type: pa.DataType):
         full = np.zeros(n, dtype=bool)
         full[_positions(n, nulls)] = dense
         data = np.packbits(full, bitorder="little")
-    else:
-        dtype = _NUMERIC[arrow_type]
-        if dense.dtype.kind == "i" and len(dense):
-            info = np.iinfo(dtype) if dtype is not np.float64 else None
-            if info is not None and (dense.min() < info.min or dense.max() > info.max):
-                return None
-            if info is None and np.abs(dense).max() > 2 ** 53:  # pyarrow refuses ints a float64 cannot hold
-                return None
+        return pa.Array.from_buffers(arrow_type, n, [validity, pa.py_buffer(data)], null_count=len(nulls))
+    return _numeric(dense, arrow_type, n, nulls, validity)
+
+
+def _numeric(dense: np.ndarray, arrow_type: pa.DataType, n: int, nulls: list, validity):
+    """A numeric column from the NumPy array of its present values (``nulls``: where the rest are)."""
+    dtype = _NUMERIC[arrow_type]
+    if dense.dtype.kind == "i" and len(dense):
+        info = np.iinfo(dtype) if dtype is not np.float64 else None
+        if info is not None and (dense.min() < info.min or dense.max() > info.max):
+            return None
+        if info is None and np.abs(dense).max() > 2 ** 53:  # pyarrow refuses ints a float64 cannot hold
+            return None
+    if nulls:
         data = np.zeros(n, dtype=dtype)
         data[_positions(n, nulls)] = dense
+    else:
+        data = dense.astype(dtype, copy=False)
     return pa.Array.from_buffers(arrow_type, n, [validity, pa.py_buffer(data)], null_count=len(nulls))
 
 
