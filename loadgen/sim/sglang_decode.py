@@ -1,7 +1,7 @@
 """SGLang's decode batch: the running batch as aggregates, closed-form stretches, retraction.
 
-A mixin of ``SGLangEngine`` (loadgen/sim/sglang_engine.py), which owns the state these methods
-use. Follows python/sglang/srt/managers/scheduler.py (``update_running_batch``) and
+A layer of ``SGLangEngine`` (loadgen/sim/sglang_engine.py) over the state of
+loadgen/sim/sglang_state.py. Follows python/sglang/srt/managers/scheduler.py (``update_running_batch``) and
 managers/schedule_batch.py (``check_decode_mem``, ``retract_decode``, ``release_req``), SGLang
 0.5.x: the module docstring of sglang_engine.py says what they do and why the batch is kept as
 aggregates.
@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import operator
 from typing import Optional
 
 from .request import WAITING
-from .sglang_overlap import FINISH
+from .sglang_overlap import FINISH, OverlapResults
 
 
-class DecodeBatch:
+class DecodeBatch(OverlapResults):
     """The decode half of SGLangEngine's scheduling."""
 
     # ------------------------------------------------------------------ decode aggregates
@@ -120,14 +121,14 @@ class DecodeBatch:
         if held is not None:
             self._last_decode = True
             self._ops_end, self._ops_from_prefill = end, False
-            for r in sorted(finishing, key=lambda x: x.order):  # the batch's order
+            for r in sorted(finishing, key=_batch_order):  # the batch's order
                 # its last token is out; the scheduler learns it once the next step is scheduled
                 self._decode_token_times(r)
                 r.lingering = True
                 self._ops.append((FINISH, r, 0))
             self._apply_results(held)
         elif finishing:
-            for r in sorted(finishing, key=lambda x: x.order):  # the batch's order
+            for r in sorted(finishing, key=_batch_order):  # the batch's order
                 self._leave(r)
                 self._finish(r)
             self._shrunk = True
@@ -194,6 +195,9 @@ class DecodeBatch:
         r.last_node = None
         r.kv_len = 0
         r.already_computed = 0
+
+
+_batch_order = operator.attrgetter("order")  # a sort key (no lambda: a closure cannot be compiled in _commit_stretch)
 
 
 def _valid(entry: tuple) -> bool:

@@ -51,10 +51,8 @@ from .cost import StepCostModel
 from .kv_pool import Stream
 from .radix_cache import RadixCache
 from .request import FINISHED, SimRequest
-from .sglang_decode import DecodeBatch
-from .sglang_overlap import CACHE, FINISH, OverlapResults
+from .sglang_overlap import CACHE, FINISH
 from .sglang_prefill import PrefillAdding
-from .step_machine import StepMachine
 
 
 
@@ -128,59 +126,27 @@ class _Req:
         return f"_Req({self.req.request_id!r}, gen={self.generated}, kv={self.kv_len}, prefix={self.prefix_len})"
 
 
-class SGLangEngine(PrefillAdding, DecodeBatch, OverlapResults, StepMachine):
-    """SGLang in simulated time. See the module docstring."""
+def request_error(config: SGLangConfig, total_tokens: int, num_prompt_tokens: int, max_tokens: int) -> Optional[str]:
+    """Why SGLang (``config``, a pool of ``total_tokens``) would reject this request up front, or None."""
+    if num_prompt_tokens < 1 or max_tokens < 1:
+        return f"prompt_tokens and max_tokens must be >= 1 (got {num_prompt_tokens}, {max_tokens})"
+    total = num_prompt_tokens + max_tokens
+    if total > config.max_model_len:
+        return (f"Requested token count exceeds the model's maximum context length of "
+                f"{config.max_model_len} tokens. You requested a total of {total} tokens: "
+                f"{num_prompt_tokens} tokens from the input messages and {max_tokens} tokens for the completion.")
+    if total >= total_tokens:
+        return f"the request needs {total} tokens of KV but the pool holds {total_tokens}"
+    return None
+
+
+class SGLangEngine(PrefillAdding):
+    """SGLang in simulated time. See the module docstring.
+
+    ``SGLangEngine(config, cost)``; its state and constructor are ``SGLangState``'s
+    (loadgen/sim/sglang_state.py), at the bottom of its chain of classes."""
 
     flavor = "sglang"
-
-    def __init__(self, config: SGLangConfig, cost: StepCostModel) -> None:
-        if not config.enable_prefix_caching:
-            raise ValueError("the sglang flavour models the radix cache; --disable-radix-cache (enable_prefix_caching "
-                             "false) schedules ignore_eos requests by another rule that is not modelled")
-        if config.schedule_policy not in ("fcfs", "lpm"):
-            raise ValueError(f"schedule_policy must be fcfs or lpm, got {config.schedule_policy!r}")
-        if min(config.chunked_prefill_size, config.max_prefill_tokens, config.max_running_requests,
-               config.page_size) < 1:
-            raise ValueError("page_size, chunked_prefill_size, max_prefill_tokens and max_running_requests must be >= 1")
-        self.config = config
-        self.cost = cost
-        self.block_size = config.page_size
-        self.page = config.page_size
-        self.tree = RadixCache(config.page_size)
-        self.total_tokens = config.pool_tokens
-        self.available = config.pool_tokens
-        self.streams: dict[Hashable, Stream] = {}
-        self.state: dict[SimRequest, _Req] = {}
-        self.waiting: list[_Req] = []
-        self.running: dict[_Req, None] = {}  # the running batch, in its order
-        self.chunked: Optional[_Req] = None
-        self.batch_is_full = False
-        self._shrunk = False  # the running batch lost a request in the last decode step (filtered next decode)
-        self.ratio_base = config.init_new_token_ratio
-        self.ratio_steps = 0
-        self.decay = config.new_token_ratio_decay
-        self.min_ratio = config.min_new_token_ratio
-        self.decode_index = 0  # D: decode steps so far
-        self._ctx_const = 0  # sum over running of kv0 - d0: their KV is this + n x D
-        self._finish_heap: list = []  # (decode step of the last token, order, _Req)
-        self._order = 0
-        self._joined: list[_Req] = []  # joined the running batch since the last decode step
-        self._last_decode_end: Optional[float] = None
-        self._init_step_machine()
-        self.overlap = config.overlap_schedule
-        self._hidden_s = cost.hidden_cpu_s if config.overlap_schedule else 0.0
-        self._cold = True  # the next step starts from idle: nothing to hide its CPU share behind
-        self._init_overlap()
-        self._flush_pending = False
-        self.flush_times_s: list[float] = []
-        # counters: sglang:prompt_tokens_total / cached_tokens_total move when a request finishes
-        self.prefix_cache_queries = 0
-        self.prefix_cache_hits = 0
-        self.jitter: Optional[Callable[[], float]] = None  # per-step time multiplier (loadgen/sim/jitter.py)
-        self.num_preemptions = 0  # retractions
-        self.prompt_tokens_total = 0
-        self.generation_tokens_total = 0
-        self.num_steps = 0
 
     # ------------------------------------------------------------------ public surface
     def stream(self, key: Hashable, base_tokens: int = 0) -> Stream:
@@ -217,16 +183,7 @@ class SGLangEngine(PrefillAdding, DecodeBatch, OverlapResults, StepMachine):
 
     def validate(self, num_prompt_tokens: int, max_tokens: int) -> Optional[str]:
         """Why SGLang would reject this request up front, or None."""
-        if num_prompt_tokens < 1 or max_tokens < 1:
-            return f"prompt_tokens and max_tokens must be >= 1 (got {num_prompt_tokens}, {max_tokens})"
-        total = num_prompt_tokens + max_tokens
-        if total > self.config.max_model_len:
-            return (f"Requested token count exceeds the model's maximum context length of "
-                    f"{self.config.max_model_len} tokens. You requested a total of {total} tokens: "
-                    f"{num_prompt_tokens} tokens from the input messages and {max_tokens} tokens for the completion.")
-        if total >= self.total_tokens:
-            return f"the request needs {total} tokens of KV but the pool holds {self.total_tokens}"
-        return None
+        return request_error(self.config, self.total_tokens, num_prompt_tokens, max_tokens)
 
     def submit(self, request: SimRequest, now_s: float) -> None:
         reason = self.validate(request.num_prompt_tokens, request.max_tokens)

@@ -1,6 +1,7 @@
 """SGLang's overlap schedule: a step's results reach the scheduler one step late.
 
-A mixin of ``SGLangEngine`` (loadgen/sim/sglang_engine.py). SGLang 0.5.x runs
+A layer of ``SGLangEngine`` (loadgen/sim/sglang_engine.py) over the state of
+loadgen/sim/sglang_state.py. SGLang 0.5.x runs
 ``event_loop_overlap`` by default (python/sglang/srt/managers/scheduler.py; off with
 ``--disable-overlap-schedule``): each iteration schedules batch k+1 (``get_next_batch_to_run``)
 and launches it while the GPU still computes batch k, and only then processes batch k's results
@@ -26,10 +27,12 @@ for them only with SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP, whose default is 
 
 from __future__ import annotations
 
+from .sglang_state import SGLangState
+
 CACHE, FINISH = "cache", "finish"
 
 
-class OverlapResults:
+class OverlapResults(SGLangState):
     """The deferred half of SGLangEngine's results (overlap schedule on)."""
 
     def _init_overlap(self) -> None:

@@ -1,7 +1,7 @@
 """SGLang's prefill admission: ``get_new_batch_prefill`` and its ``PrefillAdder``.
 
-A mixin of ``SGLangEngine`` (loadgen/sim/sglang_engine.py), which owns the state these methods
-use. Follows python/sglang/srt/managers/scheduler.py (``get_new_batch_prefill``) and
+A layer of ``SGLangEngine`` (loadgen/sim/sglang_engine.py) over the state of
+loadgen/sim/sglang_state.py. Follows python/sglang/srt/managers/scheduler.py (``get_new_batch_prefill``) and
 managers/schedule_policy.py (``PrefillAdder``, ``SchedulePolicy.calc_priority``), SGLang 0.5.x:
 the module docstring of sglang_engine.py says what they do.
 """
@@ -12,6 +12,7 @@ import math
 from typing import Optional
 
 from .request import RUNNING
+from .sglang_decode import DecodeBatch
 
 IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32  # schedule_policy.py
 IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = 32
@@ -19,7 +20,7 @@ LPM_FALLBACK_QUEUE_LEN = 128  # lpm turns into fcfs above this many waiting requ
 NO_TOKEN, OTHER, CONTINUE = "no_token", "other", "continue"
 
 
-class PrefillAdding:
+class PrefillAdding(DecodeBatch):
     """The prefill half of SGLangEngine's scheduling."""
 
     def _get_new_batch_prefill(self) -> list:

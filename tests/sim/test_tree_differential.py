@@ -41,10 +41,9 @@ class TreeReferenceSGLang(ReferenceSGLang):
     chains: dict
 
     def validate(self, num_prompt_tokens: int, max_tokens: int):
-        from loadgen.sim.sglang_engine import SGLangEngine
+        from loadgen.sim.sglang_engine import request_error
 
-        self.total_tokens = self.config.pool_tokens
-        return SGLangEngine.validate(self, num_prompt_tokens, max_tokens)
+        return request_error(self.config, self.config.pool_tokens, num_prompt_tokens, max_tokens)
 
     def submit(self, req, now: float) -> None:
         self.advance_to(now)

@@ -1,0 +1,7 @@
+# sglang_overlap.py's OverlapResults in the compiled build's chain of classes (sglang_state.py).
+
+from .sglang_state cimport SGLangState
+
+
+cdef class OverlapResults(SGLangState):
+    cpdef bint _has_deliveries(self) except -1

@@ -1,0 +1,52 @@
+# Typed layout of sglang_state.py's SGLangState for the compiled build (setup.py); pure Python
+# ignores it. Fields whose values are not always of one C type stay objects.
+
+from .radix_cache cimport RadixCache
+from .step_machine cimport StepMachine
+
+
+cdef class SGLangState(StepMachine):
+    cdef dict __dict__  # the layers' scratch attributes (prefill's budget) need no declaration
+    cdef public object config
+    cdef public object cost
+    cdef public long block_size
+    cdef public long page
+    cdef public RadixCache tree
+    cdef public long total_tokens
+    cdef public long available
+    cdef public dict streams
+    cdef public dict state
+    cdef public list waiting
+    cdef public dict running
+    cdef public object chunked
+    cdef public bint batch_is_full
+    cdef public bint _shrunk
+    cdef public object ratio_base
+    cdef public long ratio_steps
+    cdef public object decay
+    cdef public object min_ratio
+    cdef public long decode_index
+    cdef public long _ctx_const
+    cdef public list _finish_heap
+    cdef public long _order
+    cdef public list _joined
+    cdef public object _last_decode_end
+    cdef public bint overlap
+    cdef public object _hidden_s
+    cdef public bint _cold
+    cdef public bint _flush_pending
+    cdef public list flush_times_s
+    cdef public long prefix_cache_queries
+    cdef public long prefix_cache_hits
+    cdef public object jitter
+    cdef public long num_preemptions
+    cdef public long prompt_tokens_total
+    cdef public long generation_tokens_total
+    cdef public long num_steps
+    # the overlap schedule's (sglang_overlap.py)
+    cdef public list _ops
+    cdef public list _first_ops
+    cdef public object _ops_end
+    cdef public bint _ops_from_prefill
+    cdef public bint _last_decode
+    cdef public object _prev_decode_end
