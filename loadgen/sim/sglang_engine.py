@@ -45,11 +45,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Hashable, Optional
+from typing import Hashable, Optional
 
-from .cost import StepCostModel
 from .kv_pool import Stream
-from .radix_cache import RadixCache
 from .request import FINISHED, SimRequest
 from .sglang_overlap import CACHE, FINISH
 from .sglang_prefill import PrefillAdding
