@@ -1,4 +1,5 @@
-"""The SGLang flavour's engine state, at the bottom of ``SGLangEngine``'s chain of classes.
+"""The SGLang flavour's configuration (``SGLangConfig``), per-request state (``_Req``) and engine
+state, at the bottom of ``SGLangEngine``'s chain of classes.
 
 ``SGLangEngine`` (loadgen/sim/sglang_engine.py) is one chain, each layer a concern of its own:
 ``StepMachine`` (time, delivery, stretches) <- ``SGLangState`` (this module: the state every
@@ -10,7 +11,9 @@ surface). A chain, not mixins, so that the compiled build can lay the state out 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Hashable, Optional
+import math
+from dataclasses import dataclass
+from typing import Callable, Hashable, Optional
 
 from .cost import StepCostModel
 from .kv_pool import Stream
@@ -18,8 +21,75 @@ from .radix_cache import RadixCache
 from .request import SimRequest
 from .step_machine import StepMachine
 
-if TYPE_CHECKING:
-    from .sglang_engine import SGLangConfig, _Req
+
+@dataclass(frozen=True)
+class SGLangConfig:
+    """SGLang's server arguments that shape caching and scheduling (its names and defaults)."""
+
+    pool_tokens: int  # max_total_num_tokens
+    page_size: int = 1
+    chunked_prefill_size: int = 8192
+    max_prefill_tokens: int = 16384
+    max_running_requests: int = 1024
+    max_model_len: int = 40960  # context_len
+    schedule_policy: str = "fcfs"
+    init_new_token_ratio: float = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO x schedule_conservativeness 1.0
+    min_new_token_ratio_factor: float = 0.14
+    new_token_ratio_decay_steps: int = 600
+    retract_decode_steps: int = 20
+    clip_max_new_tokens: int = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+    enable_prefix_caching: bool = True
+    # event_loop_overlap (loadgen/sim/sglang_overlap.py); SGLang's default is on (the spec's
+    # engine.sglang.overlap_schedule defaults to true), off here so the engine alone is SGLang's
+    # normal loop unless asked
+    overlap_schedule: bool = False
+
+    @property
+    def block_size(self) -> int:
+        return self.page_size
+
+    @property
+    def min_new_token_ratio(self) -> float:
+        return min(self.init_new_token_ratio * self.min_new_token_ratio_factor, 1.0)
+
+    @property
+    def new_token_ratio_decay(self) -> float:
+        return (self.init_new_token_ratio - self.min_new_token_ratio) / self.new_token_ratio_decay_steps
+
+
+class _Req:
+    """SGLang's per-request scheduling state next to the public ``SimRequest``."""
+
+    __slots__ = ("req", "pid", "plen", "own", "generated", "prefix_len", "last_node", "kv_len",
+                 "already_computed", "cached_tokens", "protected", "order", "d0", "kv0", "gen0", "match_len", "match_node",
+                 "last_token_s", "max_gap_s", "in_running", "prev_token_s", "lingering")
+
+    def __init__(self, req: SimRequest, pid, plen: int, own) -> None:
+        self.req = req
+        self.pid, self.plen, self.own = pid, plen, own
+        self.generated = 0  # len(output_ids)
+        self.prefix_len = 0  # len(prefix_indices): where the next extend starts
+        self.protected = 0  # cache_protected_len: the page-aligned part of it that is in the tree
+        self.last_node = None
+        self.kv_len = 0  # tokens with KV slots (seq_len)
+        self.already_computed = 0
+        self.cached_tokens = 0
+        self.order = 0  # position in the running batch
+        self.d0 = self.kv0 = self.gen0 = 0
+        self.match_len = 0
+        self.match_node = None
+        self.last_token_s: Optional[float] = None
+        self.max_gap_s = math.nan
+        self.in_running = False
+        self.prev_token_s: Optional[float] = None  # the token before the last (overlap: a retraction drops the last)
+        self.lingering = False  # its last token is computed, the scheduler does not know yet (overlap)
+
+    @property
+    def fill_len(self) -> int:
+        return self.req.num_prompt_tokens + self.generated
+
+    def __repr__(self) -> str:
+        return f"_Req({self.req.request_id!r}, gen={self.generated}, kv={self.kv_len}, prefix={self.prefix_len})"
 
 
 class SGLangState(StepMachine):
