@@ -8,7 +8,8 @@ module is the same source, so a run gives the same bytes either way
 The compiled modules are used only while each is newer than its source and its ``.pxd``:
 after an edit or a checkout, every listed module runs as Python instead (they share typed
 classes, so it is all or none), silently (a warning would change what every command prints to
-stderr) until ``pip install -e .`` rebuilds them; ``compiled_modules()`` says which run compiled (benchmarks/bench_sim.py prints it).
+stderr) until ``pip install -e .`` rebuilds them; ``compiled_modules()`` says which run compiled
+(benchmarks/bench_sim.py prints it).
 ``LOADGEN_PURE_PYTHON=1`` runs every module as Python.
 """
 

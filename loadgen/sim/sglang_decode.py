@@ -1,10 +1,10 @@
 """SGLang's decode batch: the running batch as aggregates, closed-form stretches, retraction.
 
 A layer of ``SGLangEngine`` (loadgen/sim/sglang_engine.py) over the state of
-loadgen/sim/sglang_state.py. Follows python/sglang/srt/managers/scheduler.py (``update_running_batch``) and
-managers/schedule_batch.py (``check_decode_mem``, ``retract_decode``, ``release_req``), SGLang
-0.5.x: the module docstring of sglang_engine.py says what they do and why the batch is kept as
-aggregates.
+loadgen/sim/sglang_state.py. Follows python/sglang/srt/managers/scheduler.py
+(``update_running_batch``) and managers/schedule_batch.py (``check_decode_mem``,
+``retract_decode``, ``release_req``), SGLang 0.5.x: the module docstring of sglang_engine.py says
+what they do and why the batch is kept as aggregates.
 """
 
 from __future__ import annotations

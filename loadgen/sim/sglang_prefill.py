@@ -1,9 +1,10 @@
 """SGLang's prefill admission: ``get_new_batch_prefill`` and its ``PrefillAdder``.
 
 A layer of ``SGLangEngine`` (loadgen/sim/sglang_engine.py) over the state of
-loadgen/sim/sglang_state.py. Follows python/sglang/srt/managers/scheduler.py (``get_new_batch_prefill``) and
-managers/schedule_policy.py (``PrefillAdder``, ``SchedulePolicy.calc_priority``), SGLang 0.5.x:
-the module docstring of sglang_engine.py says what they do.
+loadgen/sim/sglang_state.py. Follows python/sglang/srt/managers/scheduler.py
+(``get_new_batch_prefill``) and managers/schedule_policy.py (``PrefillAdder``,
+``SchedulePolicy.calc_priority``), SGLang 0.5.x: the module docstring of sglang_engine.py says
+what they do.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@
 reads) <- ``Admission`` (vllm_admission.py) <- ``DecodeAggregates`` (vllm_decode.py) <-
 ``StreamTree`` (vllm_stream_tree.py) <- ``OffloadScheduling`` (vllm_offload.py) <- ``SimEngine``
 (the scheduler's step, requests leaving, the public surface). A layer calls those below it; the
-three ways out of the running set, which every layer uses, are hooks here that SimEngine fills. A chain, not mixins, so that the compiled build
-can lay the state out as typed fields (vllm_state.pxd) that every layer reads directly.
+three ways out of the running set, which every layer uses, are hooks here that SimEngine fills.
+A chain, not mixins, so that the compiled build can lay the state out as typed fields
+(vllm_state.pxd) that every layer reads directly.
 """
 
 from __future__ import annotations
