@@ -37,11 +37,13 @@ def _from_buffers(values: list | np.ndarray, arrow_type: pa.DataType):
             return None
         values = values.tolist() if values.dtype.kind in "OUS" else values
     n = len(values)
-    if arrow_type in _NUMERIC and isinstance(values, list):
-        # a NumPy array of a numeric kind has no None in it: most columns take this path, without
-        # scanning for nulls
+    if arrow_type in _NUMERIC and isinstance(values, list) and n:
+        # a None makes an object array: any other holds no null, so it is decided here, without
+        # scanning for nulls or converting the list again (most columns)
         dense = np.asarray(values)
-        if dense.ndim == 1 and n and dense.dtype.kind in _KINDS[arrow_type]:
+        if dense.dtype.kind != "O":
+            if dense.ndim != 1 or dense.dtype.kind not in _KINDS[arrow_type]:
+                return None
             return _numeric(dense, arrow_type, n, [], None)
     nulls = [i for i, v in enumerate(values) if v is None] if isinstance(values, list) and None in values else []
     present = [v for v in values if v is not None] if nulls else values
