@@ -32,6 +32,12 @@ COVERED = [
     (pa.string(), ["a", None, "é€ 🙂", ""]),
     (pa.string(), [None]),
     (pa.string(), np.array(["x", "yz"])),
+    # one value throughout, or all null: built whole (a run's run_id, arm, error columns)
+    (pa.string(), ["run-7"] * 5),
+    (pa.string(), ["é€"] * 3),
+    (pa.string(), [""] * 4),
+    (pa.string(), [None] * 6),
+    (pa.int64(), np.array([2 ** 63 - 1, -(2 ** 63)], dtype=np.int64)),
 ]
 
 # values pyarrow converts its own way or refuses: they must give exactly what pa.array gives

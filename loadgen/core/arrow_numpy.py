@@ -45,6 +45,19 @@ def _from_buffers(values: list | np.ndarray, arrow_type: pa.DataType):
             if dense.ndim != 1 or dense.dtype.kind not in _KINDS[arrow_type]:
                 return None
             return _numeric(dense, arrow_type, n, [], None)
+    if arrow_type == pa.string() and isinstance(values, list) and n:
+        # a run's recorded string columns are mostly one value throughout (run id, arm) or all
+        # null (no errors): built whole, without a pass over the values in Python
+        first = values[0]
+        if values.count(first) == n:
+            if first is None:
+                return pa.nulls(n, pa.string())
+            if type(first) is str:
+                encoded = first.encode()
+                offsets = np.arange(n + 1, dtype=np.int64) * len(encoded)
+                if len(encoded) * n < 2 ** 31:
+                    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets.astype(np.int32)),
+                                                                  pa.py_buffer(encoded * n)])
     nulls = [i for i, v in enumerate(values) if v is None] if isinstance(values, list) and None in values else []
     present = [v for v in values if v is not None] if nulls else values
     validity = None
@@ -81,7 +94,7 @@ def _from_buffers(values: list | np.ndarray, arrow_type: pa.DataType):
 def _numeric(dense: np.ndarray, arrow_type: pa.DataType, n: int, nulls: list, validity):
     """A numeric column from the NumPy array of its present values (``nulls``: where the rest are)."""
     dtype = _NUMERIC[arrow_type]
-    if dense.dtype.kind == "i" and len(dense):
+    if dense.dtype.kind == "i" and len(dense) and not (dense.dtype == np.int64 and dtype is np.int64):
         info = np.iinfo(dtype) if dtype is not np.float64 else None
         if info is not None and (dense.min() < info.min or dense.max() > info.max):
             return None
