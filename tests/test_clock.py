@@ -19,6 +19,32 @@ def test_virtual_clock_orders_events_by_time_then_insertion():
     assert log == [(1.0, "a"), (2.0, "b"), (2.0, "a")]
 
 
+def test_many_timers_fire_in_time_order_ties_in_the_order_they_were_set():
+    # enough pending timers for a deep heap, with many ties, some cancelled, some set while running
+    import random
+    rng = random.Random(7)
+    clock = VirtualClock()
+    fired, expected = [], []
+    for i in range(3000):
+        when = float(rng.randint(0, 200))
+        timer = clock.call_at(when, fired.append, (when, i))
+        if rng.random() < 0.2:
+            timer.cancel()
+        else:
+            expected.append((when, i))
+
+    def chain(k):
+        fired.append((clock.now(), 10_000 + k))
+        if k < 50:
+            clock.call_at(clock.now() + 3.0, chain, k + 1)
+
+    clock.call_at(0.0, chain, 0)
+    clock.run()
+    # each link of the chain is set after every timer above, so it fires after their ties
+    expected += [(3.0 * k, 10_000 + k) for k in range(51)]
+    assert fired == sorted(expected, key=lambda e: (e[0], e[1] >= 10_000, e[1]))
+
+
 def test_virtual_clock_runs_until_and_stops_time_there():
     clock = VirtualClock()
     hits = []
