@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import itertools
 import os
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import matplotlib
 
@@ -19,6 +20,7 @@ matplotlib.use("Agg")  # headless: must precede the pyplot import
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.axis import Axis  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.layout_engine import PlaceHolderLayoutEngine  # noqa: E402
 
@@ -261,12 +263,47 @@ def save_png(fig: Figure, path: Path) -> None:
     on, savefig draws the whole figure twice: once (drawing nothing) only to run the layout, once
     for the pixels. Running the layout here at the same dpi and turning the engine off leaves
     savefig one draw; the layout is the same, so are the pixels."""
-    engine = fig.get_layout_engine()
-    if engine is not None and not isinstance(engine, PlaceHolderLayoutEngine):
-        fig.set_dpi(DPI)
-        engine.execute(fig)
-        fig.set_layout_engine(None)
-    fig.savefig(path, dpi=DPI, pil_kwargs={"compress_level": PNG_COMPRESS_LEVEL})
+    with _ticks_computed_once(fig):
+        engine = fig.get_layout_engine()
+        if engine is not None and not isinstance(engine, PlaceHolderLayoutEngine):
+            fig.set_dpi(DPI)
+            engine.execute(fig)
+            fig.set_layout_engine(None)
+        fig.savefig(path, dpi=DPI, pil_kwargs={"compress_level": PNG_COMPRESS_LEVEL})
+
+
+@contextmanager
+def _ticks_computed_once(fig: Figure) -> Iterator[None]:
+    """While saving, each axis of ``fig`` computes its ticks once per axes size and view limits.
+
+    matplotlib recomputes an axis' ticks (locator, formatter, every tick's position and label)
+    each time anything asks for them: per axes and per layout pass, its tight bbox, each of its
+    four spines' extent and its label's position (for every axes sharing the label group) each
+    ask again, and the draw asks again: ~10 times per axis a layout pass. Between two asks
+    nothing that decides the ticks changes unless the layout moved or resized the axes or the
+    limits changed, which the key holds; the answer is then the same list of the same ticks,
+    already updated, so it is handed back as it is: 6-9% fewer instructions a figure (callgrind),
+    the same pixels (tests/test_figure_ticks_once.py draws figures both ways and compares the
+    bytes). matplotlib without ``Axis._update_ticks`` (a private method) is left as it is."""
+    axes = [axis for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)] if hasattr(Axis, "_update_ticks") else []
+    for axis in axes:
+        axis._update_ticks = partial(_update_ticks_once, axis, {})
+    try:
+        yield
+    finally:
+        for axis in axes:
+            del axis._update_ticks  # back to the class's method
+
+
+def _update_ticks_once(axis: Axis, memo: dict) -> list:
+    """``Axis._update_ticks`` of ``axis``, computed again only when what it depends on changed:
+    the view limits (the ticks' locations and labels, which of them are drawn) and the axes'
+    size on the canvas (how many ticks the locator fits)."""
+    key = (tuple(axis.get_view_interval()), tuple(axis.axes.bbox.bounds))
+    if memo.get("key") != key:
+        memo["ticks"] = Axis._update_ticks(axis)
+        memo["key"] = key
+    return memo["ticks"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 import numpy as np
+import pyarrow as pa
 from matplotlib.figure import Figure
 
 from ..core.arrow_numpy import float_values
@@ -51,9 +52,12 @@ def median_over_runs(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def latency_over_time_series(runs: Sequence[RunData], column: str) -> tuple[np.ndarray, np.ndarray]:
-    """(window midpoints in minutes, median over ``runs`` of the windows' ``column``)."""
-    tables = [read_windows(r) for r in runs]
+def latency_over_time_series(runs: Sequence[RunData], column: str,
+                             tables: Optional[Sequence[pa.Table]] = None) -> tuple[np.ndarray, np.ndarray]:
+    """(window midpoints in minutes, median over ``runs`` of the windows' ``column``); ``tables``:
+    the runs' windows tables, when the caller has read them already (one read for several columns)."""
+    if tables is None:
+        tables = [read_windows(r) for r in runs]
     n = min(t.num_rows for t in tables)
     mid_min = _minutes(float_values(tables[0].column("window_start_s"))[:n] + 30.0)
     values = np.vstack([float_values(t.column(column))[:n] for t in tables])
@@ -74,8 +78,9 @@ def figure_latency_over_time(runs_by_arm: Mapping[str, Sequence[RunData]], color
         groups = run_groups(runs, collapsed)
         for group, members in groups:
             color = colors[arm] if group == "healthy" else COLLAPSED_COLOR
+            tables = [read_windows(r) for r in members]  # read once for both columns
             for column, style in (("ttft_p50_s", "-"), ("ttft_p90_s", "--")):
-                mid_min, median = latency_over_time_series(members, column)
+                mid_min, median = latency_over_time_series(members, column, tables)
                 ax.plot(mid_min, median, style, color=color, linewidth=1.2,
                         label=f"{group} ({len(members)}): {column.replace('_s', '').replace('_', ' ')}")
         _shade_triggers([ax], _trigger_windows(runs))
