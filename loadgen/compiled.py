@@ -50,6 +50,7 @@ COMPILED_MODULES = (
     "loadgen.core.engines",
     "loadgen.core.gateway",
     "loadgen.core.recording",
+    "loadgen.core.seeding",
 )
 
 _ROOT = Path(__file__).resolve().parent.parent

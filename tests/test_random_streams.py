@@ -119,6 +119,36 @@ def test_keys_are_whole_signed_and_of_a_fixed_length():
         rng_for(Stream.BASE_ARRIVALS, 2**64)
 
 
+@pytest.mark.parametrize("kind,key", [
+    (Stream.BASE_ARRIVALS, (0,)), (Stream.BASE_ARRIVALS, (2**64 - 1,)), (Stream.BASE_ARRIVALS, (-(2**64) + 1,)),
+    (Stream.BASE_SESSION, (501, 0)), (Stream.BASE_SESSION, (7, 2**32 - 1)),
+    (Stream.TRIGGER_SESSION, (501, 3, 99, 1_000_123)), (Stream.SESSION_TOKENS, (501, "burst", 12)),
+    (Stream.SHARED_PREFIX_TOKENS, (3, "é arm", "system", 2048)), (Stream.STEP_JITTER, (1, "a", 0, 3)),
+])
+def test_a_stream_is_numpys_pcg64_seeded_by_its_key_words(kind, key):
+    # rng_for hashes the key's words itself (loadgen/core/seeding.py): the numbers a spec has always
+    # drawn must not move, so each stream is still PCG64(SeedSequence(words))
+    from loadgen.core.workload import _WORD, _hash64, _key_words
+    tag = _hash64(f"agent-loadgen/{kind.tag}")
+    words = [tag & _WORD, tag >> 32, kind.arity] + [w for part in key for w in _key_words(part)]
+    reference = np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
+    drawn = rng_for(kind, *key)
+    assert drawn.integers(0, 2**63, 8).tolist() == reference.integers(0, 2**63, 8).tolist()
+    assert drawn.random(3).tolist() == reference.random(3).tolist()
+
+
+def test_the_seed_hash_matches_numpys_for_any_words():
+    from loadgen.core.seeding import KeyedSeed, seed_state
+    rng = np.random.default_rng(11)
+    for n in range(0, 20):
+        words = [int(w) for w in rng.integers(0, 2**32, n)] + [0, 2**32 - 1][: n % 3]
+        reference = np.random.SeedSequence(words)
+        assert seed_state(words, 9) == reference.generate_state(9).tolist()
+        assert KeyedSeed(words).generate_state(3, np.uint64).tolist() == reference.generate_state(3, np.uint64).tolist()
+    with pytest.raises(ValueError, match="seed words"):
+        KeyedSeed([2**32])
+
+
 def test_arms_still_share_every_base_draw():
     spec = _spec_using_every_stream({"kind": "swebench"})
     base = plan_sessions(spec, spec.arm("base"), SEED)

@@ -20,6 +20,7 @@ change are the same whatever the new rate.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ import numpy as np
 
 from trace_shapes import GeneratedReplay, SessionShape, SyntheticSessions, TraceReplay, Tree
 
+from .seeding import KeyedSeed
 from .spec import (ArmSpec, BurstTrigger, ExperimentSpec, ExtraSessionsTrigger, MixShiftTrigger,
                    RateChangeTrigger, SessionSpec, SyntheticSessionSpec, TreeSessionSpec, build_session_model)
 
@@ -90,11 +92,17 @@ def rng_for(kind: Stream, *key: KeyPart) -> np.random.Generator:
     words per part for the kind's fixed number of parts, so two different keys never share words."""
     if len(key) != kind.arity:
         raise ValueError(f"stream {kind.tag} takes {kind.arity} key parts, got {len(key)}: {key!r}")
-    tag = _hash64(f"agent-loadgen/{kind.tag}")
+    tag = _stream_tag(kind)
     words = [tag & _WORD, tag >> 32, kind.arity]
     for part in key:
         words.extend(_key_words(part))
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
+    # the same state as PCG64(SeedSequence(words)), hashed without NumPy's per-call overhead
+    return np.random.Generator(np.random.PCG64(KeyedSeed(words)))
+
+
+@functools.lru_cache(maxsize=None)
+def _stream_tag(kind: Stream) -> int:
+    return _hash64(f"agent-loadgen/{kind.tag}")
 
 
 @dataclass(frozen=True)
