@@ -149,21 +149,6 @@ class _Progress:
         self.counted_as: Optional[str] = None  # the SessionCounts state it is counted in while it awaits
 
 
-async def run_session(plan: SessionPlan, env: RunEnv) -> None:
-    """One session from arrival to its last turn. If it raises, it first leaves the counts as if
-    it had ended (so samples stay true), then the exception propagates: a simulated run stops
-    (a bug), a live run records it (``run_session_recording_crashes``)."""
-    progress = _Progress()
-    try:
-        await _run_session(plan, env, progress)
-    except Exception:
-        counts = env.counts
-        if progress.demand_tokens is not None:
-            counts.in_system -= 1
-            counts.demand_tokens -= progress.demand_tokens
-        if progress.counted_as is not None:
-            setattr(counts, progress.counted_as, getattr(counts, progress.counted_as) - 1)
-        raise
 
 
 async def run_session_recording_crashes(plan: SessionPlan, env: RunEnv) -> None:
@@ -199,137 +184,152 @@ def _output_tokens_not_resent(tokens, result, num_output: int) -> int:
     return max(int(getattr(tokens, "drift_tokens", 0) or 0), 0)
 
 
-async def _run_session(plan: SessionPlan, env: RunEnv, progress: _Progress) -> None:
-    clock, engine, gateway, recorder, counts = env.clock, env.engine, env.gateway, env.recorder, env.counts
-    shape = plan.shape
-    sid = plan.session_id
-    node = env.trees.get(sid) if env.trees is not None else None
-    num_turns = shape.num_turns
-    context = shape.initial_tokens
-    demand = context + shape.output_tokens[0]
-    tokens = None
-    if engine.needs_token_ids:
-        if plan.token_key is None:
-            raise ValueError(f"session {sid}: a live run needs plans from plan_sessions (their token_key)")
-        ready = env.ready_contexts.pop(sid, None)
-        if ready is not None:
-            tokens = await ready
-        else:
-            # an engine that sends text builds its own contexts (chat messages or text of exact lengths)
-            make_context = getattr(engine, "session_context", None)
-            tokens = (make_context(shape, plan.token_key, sid) if make_context is not None
-                      else TokenContext(shape, plan.token_key, sid))
-        if node is not None:  # a fork's or a parallel call's prompt begins with its parent's exact context
-            env.trees.context_started(node, tokens)
-        if ready is None:
-            await tokens.start()
-    # A gate in another process (actors.fleet.RemoteGate) cannot answer on the spot: it returns
-    # an awaitable of the answer (None: go; else a future to await), one round trip per turn.
-    gate_answers_later = getattr(gateway, "answers_later", False)
-    counts.arrived_total += 1
-    counts.in_system += 1
-    counts.demand_tokens += demand
-    progress.demand_tokens = demand
-    ready = clock.now()
-    recorder.session_arrived(sid, plan.is_trigger, shape.kind, num_turns, ready)
-    wait = gateway.arrive(sid, demand)
-    if gate_answers_later:
-        wait = await wait
-    if wait is not None:
-        counts.gateway_waiting += 1
-        progress.counted_as = "gateway_waiting"
-        await wait
-        counts.gateway_waiting -= 1
-        progress.counted_as = None
-    recorder.session_admitted(sid, clock.now())
-    # of the next prompt, what an infinite cache would hold from this session's earlier turns
-    held_tokens = node.held_tokens() if node is not None else 0
-    for k in range(num_turns):
-        if k:
-            ready = clock.now()
-            wait = gateway.before_turn(sid, demand)
-            if gate_answers_later:
-                wait = await wait
-            if wait is not None:
-                recorder.session_parked(sid)
-                counts.parked += 1
-                progress.counted_as = "parked"
-                await wait
-                counts.parked -= 1
+async def run_session(plan: SessionPlan, env: RunEnv) -> None:
+    """One session from arrival to its last turn. If it raises, it first leaves the counts as if
+    it had ended (so samples stay true), then the exception propagates: a simulated run stops
+    (a bug), a live run records it (``run_session_recording_crashes``)."""
+    # one coroutine, not a wrapper awaiting the session's body: every wake-up of a simulated
+    # session passes through each coroutine it is nested in
+    progress = _Progress()
+    try:
+        clock, engine, gateway, recorder, counts = env.clock, env.engine, env.gateway, env.recorder, env.counts
+        shape = plan.shape
+        sid = plan.session_id
+        node = env.trees.get(sid) if env.trees is not None else None
+        num_turns = shape.num_turns
+        context = shape.initial_tokens
+        demand = context + shape.output_tokens[0]
+        tokens = None
+        if engine.needs_token_ids:
+            if plan.token_key is None:
+                raise ValueError(f"session {sid}: a live run needs plans from plan_sessions (their token_key)")
+            ready = env.ready_contexts.pop(sid, None)
+            if ready is not None:
+                tokens = await ready
+            else:
+                # an engine that sends text builds its own contexts (chat messages or text of exact lengths)
+                make_context = getattr(engine, "session_context", None)
+                tokens = (make_context(shape, plan.token_key, sid) if make_context is not None
+                          else TokenContext(shape, plan.token_key, sid))
+            if node is not None:  # a fork's or a parallel call's prompt begins with its parent's exact context
+                env.trees.context_started(node, tokens)
+            if ready is None:
+                await tokens.start()
+        # A gate in another process (actors.fleet.RemoteGate) cannot answer on the spot: it returns
+        # an awaitable of the answer (None: go; else a future to await), one round trip per turn.
+        gate_answers_later = getattr(gateway, "answers_later", False)
+        counts.arrived_total += 1
+        counts.in_system += 1
+        counts.demand_tokens += demand
+        progress.demand_tokens = demand
+        ready = clock.now()
+        recorder.session_arrived(sid, plan.is_trigger, shape.kind, num_turns, ready)
+        wait = gateway.arrive(sid, demand)
+        if gate_answers_later:
+            wait = await wait
+        if wait is not None:
+            counts.gateway_waiting += 1
+            progress.counted_as = "gateway_waiting"
+            await wait
+            counts.gateway_waiting -= 1
+            progress.counted_as = None
+        recorder.session_admitted(sid, clock.now())
+        # of the next prompt, what an infinite cache would hold from this session's earlier turns
+        held_tokens = node.held_tokens() if node is not None else 0
+        for k in range(num_turns):
+            if k:
+                ready = clock.now()
+                wait = gateway.before_turn(sid, demand)
+                if gate_answers_later:
+                    wait = await wait
+                if wait is not None:
+                    recorder.session_parked(sid)
+                    counts.parked += 1
+                    progress.counted_as = "parked"
+                    await wait
+                    counts.parked -= 1
+                    progress.counted_as = None
+            admit = clock.now()
+            output = shape.output_tokens[k]
+            request = TurnRequest(sid, k, context, output, shape.shared_prefix_tokens, shape.prefix_key,
+                                  tokens.ids if tokens is not None else None,
+                                  tokens.content if tokens is not None else None, final=k == num_turns - 1,
+                                  parent_session_id=node.parent_id if node is not None else None,
+                                  inherited_tokens=node.fork_tokens if node is not None else 0)
+            prefix = (shape.prefix_key, shape.shared_prefix_tokens)
+            cacheable = max(held_tokens, shape.shared_prefix_tokens if prefix in env.sent_prefixes else 0)
+            env.sent_prefixes.add(prefix)
+            if node is not None and node.tree.parallel:  # more calls over this prompt, sent with it
+                env.trees.send_parallel(node, k, context)
+            attempt = 0
+            while True:
+                attempt += 1
+                if attempt > 1:
+                    cacheable = context  # a retry resends a prompt already sent
+                counts.in_engine += 1
+                progress.counted_as = "in_engine"
+                sent = clock.now()
+                result = await engine.generate(request)
+                counts.in_engine -= 1
                 progress.counted_as = None
-        admit = clock.now()
-        output = shape.output_tokens[k]
-        request = TurnRequest(sid, k, context, output, shape.shared_prefix_tokens, shape.prefix_key,
-                              tokens.ids if tokens is not None else None,
-                              tokens.content if tokens is not None else None, final=k == num_turns - 1,
-                              parent_session_id=node.parent_id if node is not None else None,
-                              inherited_tokens=node.fork_tokens if node is not None else 0)
-        prefix = (shape.prefix_key, shape.shared_prefix_tokens)
-        cacheable = max(held_tokens, shape.shared_prefix_tokens if prefix in env.sent_prefixes else 0)
-        env.sent_prefixes.add(prefix)
-        if node is not None and node.tree.parallel:  # more calls over this prompt, sent with it
-            env.trees.send_parallel(node, k, context)
-        attempt = 0
-        while True:
-            attempt += 1
-            if attempt > 1:
-                cacheable = context  # a retry resends a prompt already sent
-            counts.in_engine += 1
-            progress.counted_as = "in_engine"
-            sent = clock.now()
-            result = await engine.generate(request)
-            counts.in_engine -= 1
-            progress.counted_as = None
-            gaps = result.inter_token_gaps_s
-            # streamed gaps (live) or the simulated engine's own per-token times
-            itl_mean_s = sum(gaps) / len(gaps) if gaps else result.itl_mean_s
-            itl_max_s = max(gaps) if gaps else result.itl_max_s
-            # every attempt's row keeps the turn's ready and admit times: the agent wanted the
-            # turn then, and waits for it across every attempt and backoff (its latency)
-            recorder.turn(sid, k, plan.is_trigger, shape.kind, ready, admit, result.first_token_s, result.finish_s,
-                          result.prompt_tokens, result.cached_tokens, result.output_tokens, result.num_preemptions,
-                          result.error, itl_mean_s, itl_max_s, context,
-                          tokens.drift_tokens if tokens is not None else 0, cacheable, attempt, sent, output,
-                          result.replica, result.miss_routing_tokens, result.miss_eviction_tokens)
-            if result.error is None or not env.retry.should_retry(attempt, result.error):
+                gaps = result.inter_token_gaps_s
+                # streamed gaps (live) or the simulated engine's own per-token times
+                itl_mean_s = sum(gaps) / len(gaps) if gaps else result.itl_mean_s
+                itl_max_s = max(gaps) if gaps else result.itl_max_s
+                # every attempt's row keeps the turn's ready and admit times: the agent wanted the
+                # turn then, and waits for it across every attempt and backoff (its latency)
+                recorder.turn(sid, k, plan.is_trigger, shape.kind, ready, admit, result.first_token_s, result.finish_s,
+                              result.prompt_tokens, result.cached_tokens, result.output_tokens, result.num_preemptions,
+                              result.error, itl_mean_s, itl_max_s, context,
+                              tokens.drift_tokens if tokens is not None else 0, cacheable, attempt, sent, output,
+                              result.replica, result.miss_routing_tokens, result.miss_eviction_tokens)
+                if result.error is None or not env.retry.should_retry(attempt, result.error):
+                    break
+                await clock.sleep(env.retry.delay_s(attempt))
+            if result.error is not None:
+                break  # the session cannot continue without this turn's output
+            # the engine's service time of the attempt that answered: what the gateway's policy reads
+            gateway.turn_completed(sid, result.finish_s - sent)
+            # a tree's turn starts its branches; the next may wait for them and append their results
+            joined = (await env.trees.turn_done(node, k, context + output, result.output_token_ids, result.output_text)
+                      if node is not None else 0)
+            if k == num_turns - 1:
                 break
-            await clock.sleep(env.retry.delay_s(attempt))
-        if result.error is not None:
-            break  # the session cannot continue without this turn's output
-        # the engine's service time of the attempt that answered: what the gateway's policy reads
-        gateway.turn_completed(sid, result.finish_s - sent)
-        # a tree's turn starts its branches; the next may wait for them and append their results
-        joined = (await env.trees.turn_done(node, k, context + output, result.output_token_ids, result.output_text)
-                  if node is not None else 0)
-        if k == num_turns - 1:
-            break
-        growth = shape.growth_tokens[k] + joined
-        # the engine computed this prompt and the output but its last token (never fed back)
-        held_tokens = context + output - 1
-        context += output + growth
-        new_demand = context + shape.output_tokens[k + 1]
-        counts.demand_tokens += new_demand - demand
-        demand = progress.demand_tokens = new_demand
-        think = shape.think_s[k]
-        if tokens is not None:
-            # building the tool output is the tool's time: it comes out of the think time
-            # (a text context may count tokens with the server's /tokenize)
-            built_at = clock.now()
-            await tokens.extend(result, output, growth)
-            think -= clock.now() - built_at
-            # the next prompt departs from what the engine holds where the output is not resent as is
-            held_tokens = max(0, min(held_tokens, held_tokens + 1 - _output_tokens_not_resent(tokens, result, output)))
-        if think > 0:
-            counts.thinking += 1
-            progress.counted_as = "thinking"
-            await clock.sleep(think)
-            counts.thinking -= 1
-            progress.counted_as = None
-    gateway.session_ended(sid)
-    recorder.session_ended(sid, clock.now())
-    if node is not None:
-        env.trees.ended(node)
-    counts.in_system -= 1
-    counts.demand_tokens -= demand
-    progress.demand_tokens = None
-    counts.completed_total += 1
+            growth = shape.growth_tokens[k] + joined
+            # the engine computed this prompt and the output but its last token (never fed back)
+            held_tokens = context + output - 1
+            context += output + growth
+            new_demand = context + shape.output_tokens[k + 1]
+            counts.demand_tokens += new_demand - demand
+            demand = progress.demand_tokens = new_demand
+            think = shape.think_s[k]
+            if tokens is not None:
+                # building the tool output is the tool's time: it comes out of the think time
+                # (a text context may count tokens with the server's /tokenize)
+                built_at = clock.now()
+                await tokens.extend(result, output, growth)
+                think -= clock.now() - built_at
+                # the next prompt departs from what the engine holds where the output is not resent as is
+                held_tokens = max(0, min(held_tokens, held_tokens + 1 - _output_tokens_not_resent(tokens, result, output)))
+            if think > 0:
+                counts.thinking += 1
+                progress.counted_as = "thinking"
+                await clock.sleep(think)
+                counts.thinking -= 1
+                progress.counted_as = None
+        gateway.session_ended(sid)
+        recorder.session_ended(sid, clock.now())
+        if node is not None:
+            env.trees.ended(node)
+        counts.in_system -= 1
+        counts.demand_tokens -= demand
+        progress.demand_tokens = None
+        counts.completed_total += 1
+    except Exception:
+        counts = env.counts
+        if progress.demand_tokens is not None:
+            counts.in_system -= 1
+            counts.demand_tokens -= progress.demand_tokens
+        if progress.counted_as is not None:
+            setattr(counts, progress.counted_as, getattr(counts, progress.counted_as) - 1)
+        raise
