@@ -159,7 +159,9 @@ class HostTier:
         self.to_host = self.to_gpu if config.shared_link else CopyLink()  # stores
         self.lru: OrderedDict[int, _Entry] = OrderedDict()
         self._entries: dict[Stream, list[int]] = {}  # stream -> its entry ids
-        self._pins: dict[Stream, dict[int, int]] = {}  # stream -> position -> loads pinning it
+        # stream -> the [lo, hi) block ranges loads in flight pin, one per load (a load unpins
+        # exactly what it pinned); a whole range, not each position: a load is thousands of blocks
+        self._pins: dict[Stream, list[tuple[int, int]]] = {}
         self._next_id = 0
 
     # ------------------------------------------------------------------ request views
@@ -299,12 +301,13 @@ class HostTier:
                     else:
                         ivs[-1][1] = hi - take
             else:  # a load pins some of this stream's blocks: block by block
+                pinned = {pos for a, b in pins for pos in range(a, b)}
                 victims = []
                 for lo, hi in reversed(ivs):
                     for pos in range(hi - 1, lo - 1, -1):
                         if len(victims) == count:
                             break
-                        if pos not in pins:
+                        if pos not in pinned:
                             victims.append(pos)
                 for pos in victims:
                     _remove_position(ivs, pos)
@@ -322,36 +325,44 @@ class HostTier:
 
     def pin(self, prefix: Optional[Stream], own: Stream, start: int, end: int) -> None:
         for stream, lo, hi in self._segments(prefix, own, start, end):
-            pins = self._pins.setdefault(stream, {})
-            for pos in range(lo, hi):
-                n = pins.get(pos, 0)
-                if n == 0:
-                    self.num_pinned += 1
-                pins[pos] = n + 1
+            ranges = self._pins.setdefault(stream, [])
+            self.num_pinned += _uncovered(ranges, lo, hi)
+            ranges.append((lo, hi))
 
     def any_pinned(self, prefix: Optional[Stream], own: Stream, start: int, end: int) -> bool:
         """Is a block of [start, end) being loaded (pinned) by some request?"""
         for stream, lo, hi in self._segments(prefix, own, start, end):
-            pins = self._pins.get(stream)
-            if pins and any(pos in pins for pos in range(lo, hi)):
-                return True
+            for a, b in self._pins.get(stream, ()):
+                if a < hi and lo < b:
+                    return True
         return False
 
     def unpin(self, prefix: Optional[Stream], own: Stream, start: int, end: int) -> None:
         for stream, lo, hi in self._segments(prefix, own, start, end):
-            pins = self._pins[stream]
-            for pos in range(lo, hi):
-                n = pins[pos] - 1
-                if n == 0:
-                    del pins[pos]
-                    self.num_pinned -= 1
-                else:
-                    pins[pos] = n
-            if not pins:
+            ranges = self._pins[stream]
+            ranges.remove((lo, hi))
+            self.num_pinned -= _uncovered(ranges, lo, hi)
+            if not ranges:
                 del self._pins[stream]
 
     def usage(self) -> float:
         return self.num_used / self.num_blocks
+
+
+def _uncovered(ranges: list[tuple[int, int]], lo: int, hi: int) -> int:
+    """How many positions of [lo, hi) no range of ``ranges`` covers."""
+    covered = 0
+    pos = lo
+    for a, b in sorted(ranges):
+        if b <= pos:
+            continue
+        if a >= hi:
+            break
+        covered += min(b, hi) - max(a, pos)
+        pos = min(b, hi)
+        if pos >= hi:
+            break
+    return hi - lo - covered
 
 
 def _remove_position(ivs: list[list[int]], pos: int) -> None:
