@@ -90,3 +90,24 @@ def test_a_load_waiting_for_the_link_holds_its_gpu_blocks(engine_cls):
             assert b.first_token_s is None
         held[with_b] = round(engine.kv_usage() * 63)  # 64 blocks, one of them vLLM's null block
     assert held[True] - held[False] == 5
+
+
+def test_pinned_blocks_are_counted_once_and_never_evicted_until_every_load_unpins():
+    from loadgen.sim.kv_pool import Stream
+    from loadgen.sim.offload import HostTier
+
+    host = HostTier(OffloadConfig(cpu_blocks=10))
+    prefix, own = Stream(("prefix", "system", 2), 0, 2), Stream("s", 2)
+    assert host.store(prefix, own, 0, 8) == 8
+    host.pin(prefix, own, 1, 5)  # one load: a prefix block and own blocks 2-4
+    host.pin(prefix, own, 3, 7)  # another over 3-6: 3 and 4 pinned twice
+    assert host.num_pinned == 6 and host.any_pinned(prefix, own, 6, 8) and not host.any_pinned(prefix, own, 7, 8)
+    # 8 resident, 6 of them pinned: room for 4 more needs 2 evictions, 5 more would need 3
+    other = Stream("t", 0)
+    assert host.store(None, other, 0, 5) is None
+    assert host.store(None, other, 0, 4) == 4
+    assert host.lookup(prefix, own, 1, 7) == 6  # the pinned blocks stayed
+    host.unpin(prefix, own, 1, 5)
+    assert host.num_pinned == 4 and not host.any_pinned(prefix, own, 0, 3)  # 3-6 still pinned by the other
+    host.unpin(prefix, own, 3, 7)
+    assert host.num_pinned == 0 and not host.any_pinned(prefix, own, 0, 8)
