@@ -36,6 +36,7 @@ COMPILED_MODULES = (
     "loadgen.sim.vllm_decode",
     "loadgen.sim.vllm_stream_tree",
     "loadgen.sim.vllm_offload",
+    "loadgen.sim.offload",
     "loadgen.sim.engine",
     "loadgen.sim.kv_pool",
     "loadgen.sim.sglang_state",
