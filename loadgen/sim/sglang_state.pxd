@@ -2,7 +2,33 @@
 # ignores it. Fields whose values are not always of one C type stay objects.
 
 from .radix_cache cimport RadixCache
+from .request cimport SimRequest
 from .step_machine cimport StepMachine
+
+
+cdef class _Req:
+    cdef public SimRequest req
+    cdef public object pid
+    cdef public long plen
+    cdef public object own
+    cdef public long generated
+    cdef public long prefix_len
+    cdef public object last_node
+    cdef public long kv_len
+    cdef public long already_computed
+    cdef public long cached_tokens
+    cdef public long protected
+    cdef public long order
+    cdef public long d0
+    cdef public long kv0
+    cdef public long gen0
+    cdef public long match_len
+    cdef public object match_node
+    cdef public object last_token_s
+    cdef public double max_gap_s
+    cdef public bint in_running
+    cdef public object prev_token_s
+    cdef public bint lingering
 
 
 cdef class SGLangState(StepMachine):
