@@ -39,9 +39,12 @@ class PrefillAdding(DecodeBatch):
         ratio = self.new_token_ratio
         clip = cfg.clip_max_new_tokens
         tree = self.tree
-        # the outputs the scheduler has seen (overlap: without the last step's, sglang_overlap.py)
-        self._rem_total_offset = sum(min(r.req.max_tokens - (r.gen0 + self.decode_index - r.d0 - self._lag(r)), clip)
-                                     * ratio for r in self.running)
+        # the outputs the scheduler has seen (overlap: without the last step's, sglang_overlap.py);
+        # summed in the running batch's order from 0, as sum() would
+        rem_total = 0
+        for r in self.running:
+            rem_total += min(r.req.max_tokens - (r.gen0 + self.decode_index - r.d0 - self._lag(r)), clip) * ratio
+        self._rem_total_offset = rem_total
         self._cur_offset = 0
         self._rem_input = cfg.max_prefill_tokens
         self._rem_chunk = cfg.chunked_prefill_size
