@@ -205,7 +205,9 @@ class SGLangEngine(PrefillAdding):
 
     # ------------------------------------------------------------------ prefill (sglang_prefill.py)
     def _run_prefill(self, start_s: float, batch: list) -> None:
-        total = sum(extend for _, extend, _ in batch)
+        total = 0
+        for item in batch:
+            total += item[1]
         if self.available < total:
             self.available += self.tree.evict(total)
         if self.available < total:

@@ -75,12 +75,14 @@ class OverlapResults(SGLangState):
             req.first_token_s = end
             if req.on_first_token is not None:
                 self._first.append(req)
+        finished = False
         for op, r, kv_len in ops:
             if op is CACHE:
                 self._cache_unfinished(r, kv_len)
             else:
                 self._finish_lingering(r)
-        if from_prefill and any(op is FINISH for op, _, _ in ops):
+                finished = True
+        if from_prefill and finished:
             self.batch_is_full = False
         self._deliver(end)
 
