@@ -17,6 +17,7 @@ from loadgen.core.session import TokenContext
 from loadgen.core.spec import parse_spec
 from loadgen.core.workload import TRIGGER_SESSION_ID_BASE, Stream, piecewise_poisson_arrivals, plan_sessions, rng_for
 from tests.conftest import make_spec_dict
+from trace_shapes.tree_presets import EDGE, SESSION, node_stream
 
 NUM_DRAWS = 1000
 # |corr| of two independent 1000-draw series has sd ~0.032; 0.2 is > 6 sd even over ~10^5 pairs
@@ -135,6 +136,11 @@ def test_a_stream_is_numpys_pcg64_seeded_by_its_key_words(kind, key):
     drawn = rng_for(kind, *key)
     assert drawn.integers(0, 2**63, 8).tolist() == reference.integers(0, 2**63, 8).tolist()
     assert drawn.random(3).tolist() == reference.random(3).tolist()
+    # a session tree derives its nodes' streams from its root's seed sequence: the same ones
+    for path, purpose in [((), EDGE), ((0,), SESSION), ((2, 1), EDGE), ((1, 0, 3), SESSION)]:
+        ours = node_stream(rng_for(kind, *key), path, purpose)
+        numpys = node_stream(np.random.Generator(np.random.PCG64(np.random.SeedSequence(words))), path, purpose)
+        assert ours.integers(0, 2**63, 4).tolist() == numpys.integers(0, 2**63, 4).tolist()
 
 
 def test_the_seed_hash_matches_numpys_for_any_words():

@@ -33,7 +33,8 @@ def node_stream(root: np.random.Generator, path: tuple[int, ...], purpose: int =
     Keys extend the root's seed sequence's spawn key with (tag, purpose, depth, path...): the
     length prefix makes two different paths different keys, all of them apart from the root's."""
     seed_seq = getattr(root.bit_generator, "seed_seq", None) or getattr(root.bit_generator, "_seed_seq", None)
-    if not isinstance(seed_seq, np.random.SeedSequence):
+    # a SeedSequence, or one that hashes as a SeedSequence and says so by carrying its three fields
+    if not all(hasattr(seed_seq, field) for field in ("entropy", "spawn_key", "pool_size")):
         raise ValueError("a tree's root generator must be seeded from a SeedSequence (np.random.default_rng(seed))")
     if not path and purpose == SESSION:
         return root

@@ -70,13 +70,24 @@ def seed_state(words: list, num_words: int) -> list:
 
 
 class KeyedSeed(ISeedSequence):
-    """What PCG64 asks of a seed sequence: ``generate_state``, as ``SeedSequence(words)`` gives it."""
+    """What PCG64 asks of a seed sequence: ``generate_state``, as ``SeedSequence(words)`` gives it.
+
+    It also carries SeedSequence's ``entropy``, ``spawn_key`` and ``pool_size``, so code that derives
+    further streams from a generator's seed sequence (trace_shapes' tree nodes) derives the same
+    ones as from ``SeedSequence(words)``."""
+
+    spawn_key = ()
+    pool_size = _POOL_SIZE
 
     def __init__(self, words: list) -> None:
         for word in words:
             if not (type(word) is int and 0 <= word <= _MASK):
                 raise ValueError(f"seed words are ints in [0, 2^32), got {word!r}")
         self.words = words
+
+    @property
+    def entropy(self) -> list:
+        return self.words
 
     def generate_state(self, n_words: int, dtype=np.uint32) -> np.ndarray:
         dtype = np.dtype(dtype)
