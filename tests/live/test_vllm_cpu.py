@@ -36,14 +36,14 @@ def vllm_url(tmp_path_factory):
         yield server.url
 
 
-def spec_for(url: str):
+def spec_for(url: str, flush_at_s: float = 18.0):
     return parse_spec({
         "experiment": "vllm-cpu-smoke", "duration_s": 36, "seeds": [1],
         "engine": {"kind": "openai", "url": url},
         "workload": {"arrival_rate_per_s": 0.3, "sessions": {
             "kind": "synthetic", "num_turns": 5, "system_prompt_tokens": 2000, "task_tokens": 3000,
             "output_tokens": 8, "tool_tokens": 500, "think_time_mean_s": 2.0}},
-        "arms": [{"name": "base"}, {"name": "flush", "triggers": [{"kind": "flush", "at_s": 18}]}],
+        "arms": [{"name": "base"}, {"name": "flush", "triggers": [{"kind": "flush", "at_s": flush_at_s}]}],
     })
 
 
@@ -74,7 +74,10 @@ def test_closed_loop_on_real_vllm_hits_warm_turns_and_a_flush_makes_them_miss(vl
     assert len(common) >= 0.8 * len(real_cached)
     assert {key: real_cached[key] for key in common} == {key: sim_cached[key] for key in common}
 
-    flushed = run_live(spec, RunKey("flush", 1), tmp_path)
+    # the flush arm replays the base arm's plan on the same engine, so its turns keep the base run's
+    # times until the flush: flush in the middle of the base run's longest think
+    flush_at_s = _middle_of_longest_think(tmp_path / "runs" / "base-s1" / "turns.parquet", 8.0, 28.0)
+    flushed = run_live(spec_for(vllm_url, flush_at_s), RunKey("flush", 1), tmp_path)
     assert flushed["status"] == "completed" and flushed["counts"]["flush_errors"] == []
     (flush_at,) = flushed["counts"]["flush_times_s"]
     t = pq.read_table(tmp_path / "runs" / "flush-s1" / "turns.parquet").to_pydict()
@@ -84,6 +87,18 @@ def test_closed_loop_on_real_vllm_hits_warm_turns_and_a_flush_makes_them_miss(vl
     assert after, "some session was thinking across the flush"
     # its own context was dropped: at most the shared system prompt (15 blocks) was recomputed since
     assert all(c <= 2000 // BLOCK * BLOCK for c in after)
+
+
+def _middle_of_longest_think(turns_path, start_s: float, end_s: float) -> float:
+    """The middle of the base run's longest wait between a finished turn and its session's next
+    admission, clipped to [start_s, end_s]: the time at which a flush lands furthest from either end."""
+    t = pq.read_table(turns_path).to_pydict()
+    finish = {(s, k): f for s, k, f in zip(t["session_id"], t["turn_index"], t["finish_s"])}
+    gaps = [(max(finish[(s, k - 1)], start_s), min(a, end_s)) for s, k, a in zip(t["session_id"], t["turn_index"], t["admit_s"])
+            if k > 0 and (s, k - 1) in finish]
+    lo, hi = max(gaps, key=lambda gap: gap[1] - gap[0])
+    assert hi - lo > 1.0, f"no session of the base run thinks for a second between turns in [{start_s}, {end_s}]"
+    return round((lo + hi) / 2, 3)
 
 
 def _turns_between(turns_path, start_s: float, end_s: float) -> tuple[int, float]:
