@@ -149,16 +149,24 @@ def test_a_twin_calibrated_now_keeps_pace_with_the_real_engine_once_it_has_colla
         real_turns, real_hit = _turns_between(out / "real" / "runs" / "base-s1" / "turns.parquet", 30, 90)
         twin_turns, twin_hit = twin(cost, out / "twin")
         attempts.append((real_turns, twin_turns, round(real_hit, 3), round(twin_hit, 3)))
-        if twin_turns == pytest.approx(real_turns, rel=0.25) and twin_hit == pytest.approx(real_hit, abs=0.1):
+        if _twin_agrees((real_turns, real_hit), (twin_turns, twin_hit)):
             break
     assert real_hit < 0.6  # collapsed: most of each context is recomputed
     assert twin_turns == pytest.approx(real_turns, rel=0.25), attempts
     assert twin_hit == pytest.approx(real_hit, abs=0.1), attempts
-    # the check has teeth: a twin whose steps all cost 0.55x (a preset from a machine 1.8x faster,
-    # what started issue 16) finishes far more turns than the tolerance allows
+    # the check has teeth: it rejects a twin whose steps all cost 0.55x (a preset from a machine
+    # 1.8x faster, what started issue 16). Such a twin admits more sessions early and collapses
+    # deeper, so after 30 s it can finish as few as ~1.3x the turns, at a lower hit ratio: the two
+    # tolerances together reject it, not always the turn count alone
     fast = StepCostModel(**{**cost.to_json(), **{k: v * 0.55 for k, v in cost.to_json().items() if isinstance(v, (int, float))}})
-    fast_turns, _ = twin(fast, out / "fast-twin")
-    assert fast_turns > 1.25 * real_turns, (real_turns, fast_turns)
+    fast_turns, fast_hit = twin(fast, out / "fast-twin")
+    assert fast_turns > real_turns and not _twin_agrees((real_turns, real_hit), (fast_turns, fast_hit)), \
+        (real_turns, round(real_hit, 3), fast_turns, round(fast_hit, 3))
+
+
+def _twin_agrees(real: tuple[int, float], twin: tuple[int, float]) -> bool:
+    """Turns finished after the first 30 s within 25% and hit ratio within 0.1 of the real engine's."""
+    return twin[0] == pytest.approx(real[0], rel=0.25) and twin[1] == pytest.approx(real[1], abs=0.1)
 
 
 @pytest.fixture(scope="module")
