@@ -4,9 +4,11 @@ cimport cython
 
 from .sglang_overlap cimport OverlapResults
 from .sglang_state cimport _Req
+from .step_machine cimport StepCosts
 
 
 cdef class DecodeBatch(OverlapResults):
+    @cython.locals(c=StepCosts, n=long)
     cpdef tuple _stretch_coeffs(self)
     cpdef _join(self, _Req r)
     @cython.locals(steps=long)

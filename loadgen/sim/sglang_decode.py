@@ -24,10 +24,10 @@ class DecodeBatch(OverlapResults):
     # ------------------------------------------------------------------ decode aggregates
     def _stretch_coeffs(self) -> tuple[float, float]:
         """Decode step i from D lasts alpha + 2 * beta * i (its requests' KV includes the step's token)."""
-        c = self.cost
+        c = self.step_costs
         n = len(self.running)
         ctx = self._ctx_const + n * (self.decode_index + 1)
-        return c.t0_s - self._hidden_s + c.a_s_per_token * n + c.g_s_per_token * ctx, c.g_s_per_token * n / 2.0
+        return c.t0_s - self._hidden_s + c.a_s * n + c.g_s * ctx, c.g_s * n / 2.0
 
     def _join(self, r: _Req) -> None:
         r.in_running = True

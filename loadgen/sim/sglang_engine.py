@@ -220,7 +220,7 @@ class SGLangEngine(PrefillAdding):
             r.kv_len = r.prefix_len + extend
             r.already_computed = r.kv_len
             attention += extend * (r.prefix_len + extend / 2)
-        step_s = self.cost.step_time(total, attention, 0.0) - (0.0 if self._cold else self._hidden_s)
+        step_s = self.step_costs.step_time(total, attention, 0.0, 0.0) - (0.0 if self._cold else self._hidden_s)
         self._cold = False
         end = start_s + (step_s if self.jitter is None else step_s * self.jitter())
         self._inflight_end = end

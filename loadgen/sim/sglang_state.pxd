@@ -3,7 +3,7 @@
 
 from .radix_cache cimport RadixCache
 from .request cimport SimRequest
-from .step_machine cimport StepMachine
+from .step_machine cimport StepCosts, StepMachine
 
 
 cdef class _Req:
@@ -35,6 +35,7 @@ cdef class SGLangState(StepMachine):
     cdef dict __dict__  # the layers' scratch attributes (prefill's budget) need no declaration
     cdef public object config
     cdef public object cost
+    cdef public StepCosts step_costs
     cdef public long block_size
     cdef public long page
     cdef public RadixCache tree

@@ -19,7 +19,7 @@ from .cost import StepCostModel
 from .kv_pool import Stream
 from .radix_cache import RadixCache
 from .request import SimRequest
-from .step_machine import StepMachine
+from .step_machine import StepCosts, StepMachine
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,7 @@ class SGLangState(StepMachine):
             raise ValueError("page_size, chunked_prefill_size, max_prefill_tokens and max_running_requests must be >= 1")
         self.config = config
         self.cost = cost
+        self.step_costs = StepCosts(cost)
         self.block_size = config.page_size
         self.page = config.page_size
         self.tree = RadixCache(config.page_size)

@@ -2,6 +2,17 @@
 # ignores it. The flavour's hooks are cpdef: a compiled flavour (SimEngine) overrides them in C,
 # a Python one (SGLangEngine) in Python.
 
+cdef class StepCosts:
+    cdef public double t0_s
+    cdef public double a_s
+    cdef public double b_s
+    cdef public double g_s
+    cdef public double m_s
+
+    cpdef double step_time(self, double num_tokens, double attention_tokens2, double decode_context_tokens,
+                           double mixed_decode_context_tokens)
+
+
 cdef class StepMachine:
     cdef object __weakref__  # an engine can be weakly referenced, as a Python object can
     cdef public object _inflight_end

@@ -23,6 +23,26 @@ import math
 from typing import Optional
 
 
+class StepCosts:
+    """A step-cost model's constants as plain numbers for the step loops. The model
+    (loadgen/sim/cost.py's StepCostModel, a frozen dataclass) is a Python object whose every
+    constant is read by name; here they are C doubles in the compiled build, read at every step."""
+
+    def __init__(self, cost) -> None:
+        self.t0_s = cost.t0_s
+        self.a_s = cost.a_s_per_token
+        self.b_s = cost.b_s_per_token2
+        self.g_s = cost.g_s_per_token
+        self.m_s = cost.mixed_decode_s_per_token
+
+    def step_time(self, num_tokens: float, attention_tokens2: float, decode_context_tokens: float,
+                  mixed_decode_context_tokens: float) -> float:
+        """``StepCostModel.step_time``: the same terms added in the same order, so the same bits
+        (the reference engines in tests/sim/ call the model's own)."""
+        return (self.t0_s + self.a_s * num_tokens + self.b_s * attention_tokens2
+                + self.g_s * decode_context_tokens + self.m_s * mixed_decode_context_tokens)
+
+
 class StepMachine:
     """The delivery loop over a flavour's scheduling; see the module docstring."""
 

@@ -3,6 +3,7 @@
 cimport cython
 
 from .request cimport SimRequest
+from .step_machine cimport StepCosts
 from .vllm_admission cimport Admission
 
 
@@ -12,7 +13,7 @@ cdef class DecodeAggregates(Admission):
     @cython.locals(steps=long, gap_s=double)
     cpdef _remove_decoder(self, SimRequest req, long g)
 
-    @cython.locals(r=long, alpha=double)
+    @cython.locals(c=StepCosts, r=long, alpha=double)
     cpdef tuple _stretch_coeffs(self)
 
     @cython.locals(heap=list, g=long, num_steps=long, r=long, free=long, bs=long, cycles=long, left=long, i=long,
@@ -28,3 +29,7 @@ cdef class DecodeAggregates(Admission):
 
     @cython.locals(heap=list, entry=tuple, req=SimRequest)
     cpdef _collect_finished(self, long g)
+
+
+@cython.locals(seq=long, req=SimRequest)
+cpdef bint _valid(tuple entry) except -1

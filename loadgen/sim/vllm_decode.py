@@ -51,10 +51,10 @@ class DecodeAggregates(Admission):
 
     def _stretch_coeffs(self) -> tuple[float, float]:
         """Step i of a pure-decode stretch from G lasts alpha + 2 * beta * i."""
-        c = self.cost
+        c = self.step_costs
         r = self.num_decoders
-        alpha = c.t0_s + c.a_s_per_token * r + c.g_s_per_token * (self._decoder_ctx_const + r * self.step_index)
-        return alpha, c.g_s_per_token * r / 2.0
+        alpha = c.t0_s + c.a_s * r + c.g_s * (self._decoder_ctx_const + r * self.step_index)
+        return alpha, c.g_s * r / 2.0
 
     # ------------------------------------------------------------------ stretches
     def _max_stretch(self) -> int:

@@ -2,12 +2,13 @@
 
 from .kv_pool cimport BlockPool
 from .request cimport SimRequest
-from .step_machine cimport StepMachine
+from .step_machine cimport StepCosts, StepMachine
 
 
 cdef class VllmState(StepMachine):
     cdef public object config
     cdef public object cost
+    cdef public StepCosts step_costs
     cdef public long block_size
     cdef public bint caching
     cdef public BlockPool pool

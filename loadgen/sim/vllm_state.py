@@ -19,7 +19,7 @@ from .cost import StepCostModel
 from .kv_pool import BlockPool, Stream
 from .offload import HostTier
 from .request import EngineConfig, SimRequest
-from .step_machine import StepMachine
+from .step_machine import StepCosts, StepMachine
 
 
 class VllmState(StepMachine):
@@ -30,6 +30,7 @@ class VllmState(StepMachine):
             raise ValueError("block_size, max_num_batched_tokens and max_num_seqs must be >= 1")
         self.config = config
         self.cost = cost
+        self.step_costs = StepCosts(cost)
         self.block_size = config.block_size
         self.caching = config.enable_prefix_caching
         self.pool = BlockPool(config.num_blocks)
