@@ -1,6 +1,8 @@
 # Typed layout of engines.py's SimEngineClient for the compiled build (setup.py); pure Python
 # ignores it.
 
+from ..sim.request cimport SimRequest
+
 cdef class SimEngineClient:
     cdef public object clock
     cdef public object engine
@@ -12,3 +14,6 @@ cdef class SimEngineClient:
 
     cpdef _rearm(self)
     cpdef _fire(self)
+
+
+cpdef _resolve(SimRequest req)

@@ -12,7 +12,8 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Callable, Hashable, Optional, Protocol, Union
 
 from .clock import Clock
-from ..sim import EngineConfig, SimEngine, SimRequest, StepCostModel
+from ..sim import EngineConfig, SimEngine, StepCostModel
+from ..sim.request import SimRequest
 from ..sim.sglang_engine import SGLangConfig, SGLangEngine
 
 
@@ -116,22 +117,23 @@ class SimEngineClient:
         self._seq = 0
         self.placer = None  # where a session tree's requests run (set by loadgen/core/tree_engines.py)
 
-    async def generate(self, request: TurnRequest,
-                       on_first_token: Optional[Callable[[float], None]] = None) -> TurnResult:
-        """Run one turn; ``on_first_token(t_s)`` (a deployment's router, when it asks) is called
-        when its first token is sampled."""
+    def generate(self, request: TurnRequest, on_first_token: Optional[Callable[[float], None]] = None):
+        """Run one turn: an awaitable of its ``TurnResult``, the clock's future, which the engine
+        resolves when the turn completes. ``on_first_token(t_s)`` (a deployment's router, when it
+        asks) is called when its first token is sampled."""
         engine = self.engine
         now = self.clock.now()
+        fut = self.clock.create_future()
         reason = engine.validate(request.prompt_tokens, request.max_tokens)
         if reason is not None:
-            return TurnResult(now, float("nan"), now, request.prompt_tokens, 0, 0, error=reason)
+            fut.set_result(TurnResult(now, float("nan"), now, request.prompt_tokens, 0, 0, error=reason))
+            return fut
         if self.placer is not None:  # a session tree's (loadgen/core/tree_engines.py)
             prefix, stream = self.placer.streams(request)
         else:
             prefix = (engine.prefix_stream(request.prefix_key, request.shared_prefix_tokens)
                       if request.shared_prefix_tokens >= engine.block_size else None)
             stream = engine.stream(request.session_id, request.shared_prefix_tokens if prefix is not None else 0)
-        fut = self.clock.create_future()
         self._seq += 1
         req = SimRequest(self._seq, stream, request.prompt_tokens, request.max_tokens, prefix=prefix,
                          on_done=_resolve, context=fut)
@@ -139,10 +141,7 @@ class SimEngineClient:
             req.on_first_token = lambda r: on_first_token(r.first_token_s)
         engine.submit(req, now)
         self._rearm()
-        await fut
-        return TurnResult(req.arrival_s, req.first_token_s, req.finish_s, req.num_prompt_tokens,
-                          req.num_cached_tokens, req.generated, req.num_preemptions,
-                          itl_mean_s=req.mean_token_gap_s, itl_max_s=req.max_token_gap_s)
+        return fut
 
     def cached_tokens(self, session_id: Hashable, prefix_key: Hashable, shared_prefix_tokens: int,
                       prompt_tokens: int) -> int:
@@ -198,4 +197,7 @@ class SimEngineClient:
 
 
 def _resolve(req: SimRequest) -> None:
-    req.context.set_result(None)
+    """A simulated turn completed: its future gets its result (read from the request's typed fields)."""
+    req.context.set_result(TurnResult(req.arrival_s, req.first_token_s, req.finish_s, req.num_prompt_tokens,
+                                      req.num_cached_tokens, req.generated, req.num_preemptions,
+                                      itl_mean_s=req.mean_token_gap_s, itl_max_s=req.max_token_gap_s))

@@ -236,6 +236,12 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
         recorder.session_admitted(sid, clock.now())
         # of the next prompt, what an infinite cache would hold from this session's earlier turns
         held_tokens = node.held_tokens() if node is not None else 0
+        # read once: a shape does not change (frozen), and each read by name costs a lookup a turn
+        output_tokens, growth_tokens, think_times_s = shape.output_tokens, shape.growth_tokens, shape.think_s
+        kind, is_trigger, prefix_key = shape.kind, plan.is_trigger, shape.prefix_key
+        shared_prefix_tokens = shape.shared_prefix_tokens
+        prefix = (prefix_key, shared_prefix_tokens)
+        sent_prefixes = env.sent_prefixes
         for k in range(num_turns):
             if k:
                 ready = clock.now()
@@ -250,15 +256,14 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
                     counts.parked -= 1
                     progress.counted_as = None
             admit = clock.now()
-            output = shape.output_tokens[k]
-            request = TurnRequest(sid, k, context, output, shape.shared_prefix_tokens, shape.prefix_key,
+            output = output_tokens[k]
+            request = TurnRequest(sid, k, context, output, shared_prefix_tokens, prefix_key,
                                   tokens.ids if tokens is not None else None,
                                   tokens.content if tokens is not None else None, final=k == num_turns - 1,
                                   parent_session_id=node.parent_id if node is not None else None,
                                   inherited_tokens=node.fork_tokens if node is not None else 0)
-            prefix = (shape.prefix_key, shape.shared_prefix_tokens)
-            cacheable = max(held_tokens, shape.shared_prefix_tokens if prefix in env.sent_prefixes else 0)
-            env.sent_prefixes.add(prefix)
+            cacheable = max(held_tokens, shared_prefix_tokens if prefix in sent_prefixes else 0)
+            sent_prefixes.add(prefix)
             if node is not None and node.tree.parallel:  # more calls over this prompt, sent with it
                 env.trees.send_parallel(node, k, context)
             attempt = 0
@@ -278,7 +283,7 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
                 itl_max_s = max(gaps) if gaps else result.itl_max_s
                 # every attempt's row keeps the turn's ready and admit times: the agent wanted the
                 # turn then, and waits for it across every attempt and backoff (its latency)
-                recorder.turn(sid, k, plan.is_trigger, shape.kind, ready, admit, result.first_token_s, result.finish_s,
+                recorder.turn(sid, k, is_trigger, kind, ready, admit, result.first_token_s, result.finish_s,
                               result.prompt_tokens, result.cached_tokens, result.output_tokens, result.num_preemptions,
                               result.error, itl_mean_s, itl_max_s, context,
                               tokens.drift_tokens if tokens is not None else 0, cacheable, attempt, sent, output,
@@ -295,14 +300,14 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
                       if node is not None else 0)
             if k == num_turns - 1:
                 break
-            growth = shape.growth_tokens[k] + joined
+            growth = growth_tokens[k] + joined
             # the engine computed this prompt and the output but its last token (never fed back)
             held_tokens = context + output - 1
             context += output + growth
-            new_demand = context + shape.output_tokens[k + 1]
+            new_demand = context + output_tokens[k + 1]
             counts.demand_tokens += new_demand - demand
             demand = progress.demand_tokens = new_demand
-            think = shape.think_s[k]
+            think = think_times_s[k]
             if tokens is not None:
                 # building the tool output is the tool's time: it comes out of the think time
                 # (a text context may count tokens with the server's /tokenize)
