@@ -9,7 +9,7 @@ completion) it runs its steps up to that moment and arms one timer for its next 
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, fields
-from typing import Callable, Hashable, Optional, Protocol, Union
+from typing import Awaitable, Callable, Hashable, Optional, Protocol, Union
 
 from .clock import Clock
 from ..sim import EngineConfig, SimEngine, StepCostModel
@@ -95,7 +95,8 @@ class EngineClient(Protocol):
     pool_tokens: int
     needs_token_ids: bool
 
-    async def generate(self, request: TurnRequest) -> TurnResult: ...
+    # awaited by the session: a coroutine (HTTP engines) or the clock's future (SimEngineClient)
+    def generate(self, request: TurnRequest) -> Awaitable[TurnResult]: ...
 
     def metrics(self) -> EngineMetrics: ...
 
