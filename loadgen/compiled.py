@@ -46,6 +46,7 @@ COMPILED_MODULES = (
     "loadgen.sim.sglang_engine",
     "loadgen.sim.radix_cache",
     "loadgen.sim.request",
+    "loadgen.core.keyed_heap",
     "loadgen.core.clock",
     "loadgen.core.session",
     "loadgen.core.engines",

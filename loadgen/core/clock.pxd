@@ -3,6 +3,8 @@
 
 cimport cython
 
+from .keyed_heap cimport Keyed, heap_pop, heap_push
+
 cdef class _Future:
     cdef object __weakref__
     cdef VirtualClock _clock
@@ -25,24 +27,12 @@ cdef class _Task(_Future):
     cpdef _step(self, _Future fut)
 
 
-cdef class _Timer:
-    cdef public double when
-    cdef public long seq
+cdef class _Timer(Keyed):
     cdef public object callback
     cdef public tuple args
     cdef public bint cancelled
 
     cpdef cancel(self)
-
-
-cdef bint _earlier(_Timer a, _Timer b) noexcept
-
-@cython.locals(pos=Py_ssize_t, parent_pos=Py_ssize_t, parent=_Timer)
-cpdef _heap_push(list heap, _Timer timer)
-
-@cython.locals(last=_Timer, top=_Timer, child=_Timer, n=Py_ssize_t, pos=Py_ssize_t, child_pos=Py_ssize_t,
-               right_pos=Py_ssize_t)
-cpdef _Timer _heap_pop(list heap)
 
 
 cdef class VirtualClock:

@@ -23,6 +23,7 @@ import time
 from collections import deque
 from typing import Any, Awaitable, Callable, Coroutine, Optional, Protocol
 
+from .keyed_heap import Keyed, heap_pop, heap_push
 from .lateness import LatenessHistogram
 
 
@@ -133,10 +134,11 @@ class _Task(_Future):
             self.set_exception(exc)
 
 
-class _Timer:
-    """A timer in the virtual kernel's heap, ordered by (when, seq): its time, then its insertion."""
+class _Timer(Keyed):
+    """A timer in the virtual kernel's heap, ordered by (when, seq): its time, then its insertion
+    (loadgen/core/keyed_heap.py)."""
 
-    __slots__ = ("when", "seq", "callback", "args", "cancelled")
+    __slots__ = ("callback", "args", "cancelled")
 
     def __init__(self, when: float, seq: int, callback: Callable[..., Any], args: tuple) -> None:
         self.when = when
@@ -147,51 +149,6 @@ class _Timer:
 
     def cancel(self) -> None:
         self.cancelled = True
-
-
-# The timer heap is kept by hand rather than by heapq over (when, seq, timer) tuples: compiled,
-# comparing two timers is two C comparisons, where heapq's tuple comparison made pushes and pops a
-# fifth of a simulated run's work (a few hundred timers are pending: sleeping sessions, engines'
-# wake-ups). (when, seq) is unique, so any valid heap pops timers in the same order as heapq did.
-def _earlier(a: _Timer, b: _Timer) -> bool:
-    return a.when < b.when or (a.when == b.when and a.seq < b.seq)
-
-
-def _heap_push(heap: list, timer: _Timer) -> None:
-    heap.append(timer)
-    pos = len(heap) - 1
-    while pos > 0:
-        parent_pos = (pos - 1) >> 1
-        parent = heap[parent_pos]
-        if not _earlier(timer, parent):
-            break
-        heap[pos] = parent
-        pos = parent_pos
-    heap[pos] = timer
-
-
-def _heap_pop(heap: list) -> _Timer:
-    """Removes and returns the earliest timer of a non-empty heap."""
-    last = heap.pop()
-    n = len(heap)
-    if not n:
-        return last
-    top = heap[0]
-    pos = 0
-    child_pos = 1
-    while child_pos < n:
-        right_pos = child_pos + 1
-        child = heap[child_pos]
-        if right_pos < n and _earlier(heap[right_pos], child):
-            child_pos = right_pos
-            child = heap[right_pos]
-        if not _earlier(child, last):
-            break
-        heap[pos] = child
-        pos = child_pos
-        child_pos = 2 * pos + 1
-    heap[pos] = last
-    return top
 
 
 class VirtualClock:
@@ -213,7 +170,7 @@ class VirtualClock:
     def call_at(self, when_s: float, callback: Callable[..., Any], *args: Any) -> _Timer:
         self._seq += 1
         timer = _Timer(when_s if when_s > self._now else self._now, self._seq, callback, args)
-        _heap_push(self._heap, timer)
+        heap_push(self._heap, timer)
         return timer
 
     def create_future(self) -> _Future:
@@ -244,7 +201,7 @@ class VirtualClock:
             if until_s is not None and timer.when > until_s:
                 self._now = until_s
                 break
-            _heap_pop(heap)
+            heap_pop(heap)
             if timer.cancelled:
                 continue
             self._now = timer.when

@@ -3,6 +3,8 @@
 
 cimport cython
 
+from ..core.keyed_heap cimport Keyed, heap_pop, heap_push
+
 
 cdef class Node:
     cdef public Node parent
@@ -16,6 +18,10 @@ cdef class Node:
     cdef public long access
     cdef public bint alive
     cdef public long nid
+
+
+cdef class _Leaf(Keyed):
+    cdef public Node node
 
 
 cdef class RadixCache:
@@ -52,5 +58,12 @@ cdef class RadixCache:
     cpdef _maybe_push(self, Node node)
     cpdef _push(self, Node node)
 
-    @cython.locals(freed=long, heap=list, entry=tuple, node=Node, parent=Node)
+    @cython.locals(freed=long, heap=list, leaf=_Leaf, node=Node, parent=Node)
     cpdef long evict(self, long num_tokens) except? -1
+
+
+@cython.locals(leaf=_Leaf)
+cdef _Leaf _leaf(Node node)
+
+@cython.locals(node=Node)
+cdef bint _valid(_Leaf leaf) except -1

@@ -17,24 +17,26 @@ tree whose nodes hold runs of token ids and their KV slots:
 Token ids are never materialised here. A request's tokens are its shared prefix (positions
 ``[0, plen)`` of the prefix ``pid``, the same for every request naming it) followed by its own
 append-only stream ``own``. A node is a run ``[start, start + length)`` of positions; its first
-token decides which child slot it takes (``("p", pid)`` inside a prefix, ``("s", own)`` after
-it), and a node that runs past the end of its prefix carries the stream it continues into.
+token decides which child slot it takes (the prefix ``pid`` itself inside a prefix, the stream
+``own`` after it: keys hashed and compared by identity, and never equal, since the engine keys
+its prefix streams apart from its sessions' streams), and a node that runs past the end of its prefix carries the stream it continues into.
 That is everything needed to compare a node with a request's key, so a match or an insert costs
 one step per node on the path, not one per token.
 
 Access times are a counter bumped once per match or insert: ``time.monotonic()`` is increasing
 between calls in SGLang, and a counter gives the same order without reading a clock. Leaves are
-kept in a lazy heap (an entry is stale once its node is gone, locked, has children or was
-touched again); popping the valid entries gives exactly the order in which SGLang's heap,
+kept in a lazy heap of ``_Leaf`` entries (loadgen/core/keyed_heap.py; an entry is stale once
+its node is gone, locked, has children or was touched again); popping the valid entries gives exactly the order in which SGLang's heap,
 rebuilt from its leaf set on every ``evict``, would pop them, because no two evictable leaves
 ever share an access time (one call stamps one path, and a path holds at most one leaf).
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from typing import Hashable, Optional
+
+from ..core.keyed_heap import Keyed, heap_pop, heap_push
 
 
 class Node:
@@ -56,7 +58,7 @@ class Node:
 
     @property
     def key(self) -> tuple:
-        return ("p", self.pid) if self.start < self.plen else ("s", self.own)
+        return self.pid if self.start < self.plen else self.own
 
     def __repr__(self) -> str:
         return (f"Node({self.key}, [{self.start}, {self.start + self.length}), lock={self.lock_ref}, "
@@ -97,17 +99,16 @@ class RadixCache:
         page = self.page_size
         if page > 1:
             key_len -= key_len % page
-        in_prefix, in_own = ("p", pid), ("s", own)
         pos = 0
         while pos < key_len:
-            child = node.children.get(in_prefix if pos < plen else in_own)
+            child = node.children.get(pid if pos < plen else own)
             if child is None:
                 break
             child.access = stamp
             if child.lock_ref == 0 and not child.children:
                 self._push(child)
             n = child.length
-            if child.start < child.plen and child.own is not None and child.own != own:
+            if child.start < child.plen and child.own is not None and child.own is not own:
                 n = child.plen - child.start  # the same prefix, then another stream's tokens
             if n > key_len - pos:
                 n = key_len - pos
@@ -131,14 +132,13 @@ class RadixCache:
         page = self.page_size
         if page > 1:
             key_len -= key_len % page
-        in_prefix, in_own = ("p", pid), ("s", own)
         pos = 0
         while pos < key_len:
-            child = node.children.get(in_prefix if pos < plen else in_own)
+            child = node.children.get(pid if pos < plen else own)
             if child is None:
                 break
             n = child.length
-            if child.start < child.plen and child.own is not None and child.own != own:
+            if child.start < child.plen and child.own is not None and child.own is not own:
                 n = child.plen - child.start
             n = min(n, key_len - pos)
             if page > 1:
@@ -158,17 +158,16 @@ class RadixCache:
         page = self.page_size
         if page > 1:
             key_len -= key_len % page
-        in_prefix, in_own = ("p", pid), ("s", own)
         pos = 0
         while pos < key_len:
-            child = node.children.get(in_prefix if pos < plen else in_own)
+            child = node.children.get(pid if pos < plen else own)
             if child is None:
                 break
             child.access = stamp
             if child.lock_ref == 0 and not child.children:
                 self._push(child)
             n = child.length
-            if child.start < child.plen and child.own is not None and child.own != own:
+            if child.start < child.plen and child.own is not None and child.own is not own:
                 n = child.plen - child.start
             if n > key_len - pos:
                 n = key_len - pos
@@ -243,19 +242,17 @@ class RadixCache:
 
     def _push(self, node: Node) -> None:
         """An unlocked leaf goes into the eviction heap."""
-        heapq.heappush(self._heap, (node.access, node.nid, node))
+        heap_push(self._heap, _leaf(node))
         if len(self._heap) > 4 * self.num_nodes + 64:
             self._compact()
 
     def _compact(self) -> None:
         seen = set()
-        live = []
-        for entry in self._heap:
-            node = entry[2]
-            if _valid(entry) and node.nid not in seen:
-                seen.add(node.nid)
-                live.append(entry)
-        heapq.heapify(live)
+        live: list = []
+        for leaf in self._heap:
+            if _valid(leaf) and leaf.seq not in seen:
+                seen.add(leaf.seq)
+                heap_push(live, leaf)
         self._heap = live
 
     def evict(self, num_tokens: int) -> int:
@@ -264,10 +261,10 @@ class RadixCache:
         freed = 0
         heap = self._heap
         while freed < num_tokens and heap:
-            entry = heapq.heappop(heap)
-            if not _valid(entry):
+            leaf = heap_pop(heap)
+            if not _valid(leaf):
                 continue
-            node = entry[2]
+            node = leaf.node
             freed += node.length
             parent = node.parent
             del parent.children[node.key]
@@ -275,13 +272,27 @@ class RadixCache:
             self.num_nodes -= 1
             self.evictable_size -= node.length
             if not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.access, parent.nid, parent))
+                heap_push(heap, _leaf(parent))
         return freed
 
     def total_size(self) -> int:
         return self.evictable_size + self.protected_size
 
 
-def _valid(entry: tuple) -> bool:
-    access, _, node = entry
-    return node.alive and node.lock_ref == 0 and not node.children and node.access == access
+class _Leaf(Keyed):
+    """An eviction-heap entry: ``node`` as it was when pushed, ordered by (access, node id)."""
+
+    __slots__ = ("node",)
+
+
+def _leaf(node: Node) -> _Leaf:
+    leaf = _Leaf.__new__(_Leaf)  # compiled, a bare allocation (no __init__ call by name)
+    leaf.when = node.access
+    leaf.seq = node.nid
+    leaf.node = node
+    return leaf
+
+
+def _valid(leaf: _Leaf) -> bool:
+    node = leaf.node
+    return node.alive and node.lock_ref == 0 and not node.children and node.access == leaf.when

@@ -171,11 +171,7 @@ class SGLangEngine(PrefillAdding):
 
     @property
     def new_token_ratio(self) -> float:
-        # the ratio after ``ratio_steps`` decays from ``ratio_base`` (a retraction's estimate or the
-        # initial value); written in closed form so a stretch of decode steps moves it in O(1)
-        if self.ratio_steps == 0:
-            return self.ratio_base
-        return max(self.ratio_base - self.ratio_steps * self.decay, self.min_ratio)
+        return self._new_token_ratio()
 
     def check_invariants(self) -> None:
         """Every slot is free, in the tree, or held uncached by a request in the engine."""

@@ -11,3 +11,6 @@ cdef class OverlapResults(SGLangState):
     @cython.locals(r=_Req, finished=bint)
     cpdef _apply_results(self, tuple held)
     cpdef _finish_lingering(self, _Req r)
+    cpdef _token_before_last(self, _Req r)
+    cpdef tuple _take_results(self)
+    cpdef _drop_result(self, _Req r, prev_token_s)

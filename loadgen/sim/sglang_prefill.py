@@ -36,7 +36,7 @@ class PrefillAdding(DecodeBatch):
         if cfg.schedule_policy == "lpm" and len(self.waiting) <= LPM_FALLBACK_QUEUE_LEN:
             self._sort_by_longest_prefix()
             prefix_computed = True
-        ratio = self.new_token_ratio
+        ratio = self._new_token_ratio()
         clip = cfg.clip_max_new_tokens
         tree = self.tree
         # the outputs the scheduler has seen (overlap: without the last step's, sglang_overlap.py);
@@ -51,7 +51,7 @@ class PrefillAdding(DecodeBatch):
         batch = []  # (request, tokens to extend, truncated)
         chunked = self.chunked
         if chunked is not None:
-            extend = chunked.fill_len - chunked.prefix_len
+            extend = chunked.fill_len() - chunked.prefix_len
             truncated = extend > self._rem_chunk
             extend = min(extend, self._rem_chunk)
             self._charge(extend, min(chunked.req.max_tokens, clip) if not truncated else 0)
@@ -64,7 +64,7 @@ class PrefillAdding(DecodeBatch):
                 self.batch_is_full = True
                 break
             if not prefix_computed:
-                r.match_len, r.match_node = tree.match_prefix(r.pid, r.plen, r.own, r.fill_len - 1)
+                r.match_len, r.match_node = tree.match_prefix(r.pid, r.plen, r.own, r.fill_len() - 1)
             res, item = self._add_one_req(r, len(batch))
             if item is not None:
                 batch.append(item)
@@ -105,7 +105,7 @@ class PrefillAdding(DecodeBatch):
         tree = self.tree
         clip = self.config.clip_max_new_tokens
         max_new = min(r.req.max_tokens - r.generated, clip)
-        extend = r.fill_len - r.match_len
+        extend = r.fill_len() - r.match_len
         total_tokens = extend + max_new
         input_tokens = -(-extend // self.page) * self.page
         node = r.match_node
@@ -138,7 +138,7 @@ class PrefillAdding(DecodeBatch):
         inserted: set = set()
         deferred: set = set()
         for r in self.waiting:
-            r.match_len, r.match_node = tree.match_prefix(r.pid, r.plen, r.own, r.fill_len - 1)
+            r.match_len, r.match_node = tree.match_prefix(r.pid, r.plen, r.own, r.fill_len() - 1)
             if r.match_len <= IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD:
                 # the in-batch tree holds earlier waiting requests' tokens: another request shares
                 # exactly this one's prefix (sessions share nothing else)

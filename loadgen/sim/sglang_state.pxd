@@ -30,9 +30,10 @@ cdef class _Req:
     cdef public object prev_token_s
     cdef public bint lingering
 
+    cpdef long fill_len(self) except? -1
+
 
 cdef class SGLangState(StepMachine):
-    cdef dict __dict__  # the layers' scratch attributes (prefill's budget) need no declaration
     cdef public object config
     cdef public object cost
     cdef public StepCosts step_costs
@@ -77,3 +78,14 @@ cdef class SGLangState(StepMachine):
     cdef public bint _ops_from_prefill
     cdef public bint _last_decode
     cdef public object _prev_decode_end
+    cdef public set _last_prefilled
+    # the prefill adder's budget (sglang_prefill.py)
+    cdef public double _rem_total_offset
+    cdef public long _cur_offset
+    cdef public long _rem_input
+    cdef public long _rem_chunk
+
+    cpdef _new_token_ratio(self)
+    cpdef _leave(self, _Req r, bint stats=*)
+    cpdef _cache_unfinished(self, _Req r, kv_len=*)
+    cpdef _finish(self, _Req r)

@@ -84,8 +84,8 @@ class _Req:
         self.prev_token_s: Optional[float] = None  # the token before the last (overlap: a retraction drops the last)
         self.lingering = False  # its last token is computed, the scheduler does not know yet (overlap)
 
-    @property
     def fill_len(self) -> int:
+        """The tokens a prefill fills: the prompt, then what it has generated (a retracted request's)."""
         return self.req.num_prompt_tokens + self.generated
 
     def __repr__(self) -> str:
@@ -144,4 +144,22 @@ class SGLangState(StepMachine):
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.num_steps = 0
+
+    def _new_token_ratio(self) -> float:
+        # the ratio after ``ratio_steps`` decays from ``ratio_base`` (a retraction's estimate or the
+        # initial value); written in closed form so a stretch of decode steps moves it in O(1)
+        if self.ratio_steps == 0:
+            return self.ratio_base
+        return max(self.ratio_base - self.ratio_steps * self.decay, self.min_ratio)
+
+    # Hooks the layers above define. Declared at the bottom of the chain so that a layer calls a
+    # method of a layer above it in C (sglang_state.pxd), not by name.
+    def _leave(self, r: _Req, stats: bool = True) -> None:
+        raise NotImplementedError
+
+    def _cache_unfinished(self, r: _Req, kv_len: Optional[int] = None) -> None:
+        raise NotImplementedError
+
+    def _finish(self, r: _Req) -> None:
+        raise NotImplementedError
 
