@@ -35,6 +35,10 @@ cdef class _Timer(Keyed):
     cpdef cancel(self)
 
 
+@cython.locals(timer=_Timer)
+cdef _Timer _timer(double when, long seq, callback, tuple args)
+
+
 cdef class VirtualClock:
     cdef object __weakref__
     cdef public object lateness

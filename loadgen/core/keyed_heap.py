@@ -1,3 +1,4 @@
+# cython: boundscheck=False, wraparound=False
 """A binary min-heap of ``Keyed`` entries, ordered by (when, seq), kept by hand.
 
 The virtual clock's timers (loadgen/core/clock.py) and the SGLang radix cache's evictable leaves

@@ -55,7 +55,6 @@ cdef class RadixCache:
     @cython.locals(root=Node, freed=long, lock_ref=long)
     cpdef dec_lock_ref(self, Node node)
 
-    cpdef _maybe_push(self, Node node)
     cpdef _push(self, Node node)
 
     @cython.locals(freed=long, heap=list, leaf=_Leaf, node=Node, parent=Node)
@@ -65,5 +64,4 @@ cdef class RadixCache:
 @cython.locals(leaf=_Leaf)
 cdef _Leaf _leaf(Node node)
 
-@cython.locals(node=Node)
-cdef bint _valid(_Leaf leaf) except -1
+cdef bint _evictable(Node node) except -1

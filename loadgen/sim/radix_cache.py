@@ -25,9 +25,13 @@ one step per node on the path, not one per token.
 
 Access times are a counter bumped once per match or insert: ``time.monotonic()`` is increasing
 between calls in SGLang, and a counter gives the same order without reading a clock. Leaves are
-kept in a lazy heap of ``_Leaf`` entries (loadgen/core/keyed_heap.py; an entry is stale once
-its node is gone, locked, has children or was touched again); popping the valid entries gives exactly the order in which SGLang's heap,
-rebuilt from its leaf set on every ``evict``, would pop them, because no two evictable leaves
+kept in a lazy heap of ``_Leaf`` entries (loadgen/core/keyed_heap.py), one pushed whenever a
+node becomes an evictable leaf (added, unlocked, or its last child evicted) and none when a walk
+stamps it: an entry is dropped once its node is gone, locked or has children, and an entry older
+than its node's last access goes back in at that access when it surfaces. Every evictable leaf
+keeps an entry no later than its access, so the first entry to surface with its node's current
+access is the least recently used leaf, and evictions come in exactly the order in which
+SGLang's heap, rebuilt from its leaf set on every ``evict``, pops them: no two evictable leaves
 ever share an access time (one call stamps one path, and a path holds at most one leaf).
 """
 
@@ -105,8 +109,6 @@ class RadixCache:
             if child is None:
                 break
             child.access = stamp
-            if child.lock_ref == 0 and not child.children:
-                self._push(child)
             n = child.length
             if child.start < child.plen and child.own is not None and child.own is not own:
                 n = child.plen - child.start  # the same prefix, then another stream's tokens
@@ -164,8 +166,6 @@ class RadixCache:
             if child is None:
                 break
             child.access = stamp
-            if child.lock_ref == 0 and not child.children:
-                self._push(child)
             n = child.length
             if child.start < child.plen and child.own is not None and child.own is not own:
                 n = child.plen - child.start
@@ -190,7 +190,7 @@ class RadixCache:
         node.children[new.key] = new
         self.num_nodes += 1
         self.evictable_size += new.length
-        self._maybe_push(new)
+        self._push(new)  # a new leaf, unlocked
 
     def _split(self, child: Node, n: int) -> Node:
         """SGLang's _split_node: a new node for the first ``n`` tokens of ``child``, above it."""
@@ -236,10 +236,6 @@ class RadixCache:
         self.protected_size -= freed
 
     # ------------------------------------------------------------------ eviction
-    def _maybe_push(self, node: Node) -> None:
-        if node.lock_ref == 0 and not node.children:
-            self._push(node)
-
     def _push(self, node: Node) -> None:
         """An unlocked leaf goes into the eviction heap."""
         heap_push(self._heap, _leaf(node))
@@ -247,12 +243,13 @@ class RadixCache:
             self._compact()
 
     def _compact(self) -> None:
+        """The heap rebuilt: one entry per evictable leaf, at its latest access."""
         seen = set()
         live: list = []
         for leaf in self._heap:
-            if _valid(leaf) and leaf.seq not in seen:
+            if _evictable(leaf.node) and leaf.seq not in seen:
                 seen.add(leaf.seq)
-                heap_push(live, leaf)
+                heap_push(live, _leaf(leaf.node))
         self._heap = live
 
     def evict(self, num_tokens: int) -> int:
@@ -262,9 +259,12 @@ class RadixCache:
         heap = self._heap
         while freed < num_tokens and heap:
             leaf = heap_pop(heap)
-            if not _valid(leaf):
-                continue
             node = leaf.node
+            if not _evictable(node):
+                continue
+            if node.access != leaf.when:  # stamped since it was pushed
+                heap_push(heap, _leaf(node))
+                continue
             freed += node.length
             parent = node.parent
             del parent.children[node.key]
@@ -293,6 +293,5 @@ def _leaf(node: Node) -> _Leaf:
     return leaf
 
 
-def _valid(leaf: _Leaf) -> bool:
-    node = leaf.node
-    return node.alive and node.lock_ref == 0 and not node.children and node.access == leaf.when
+def _evictable(node: Node) -> bool:
+    return node.alive and node.lock_ref == 0 and not node.children

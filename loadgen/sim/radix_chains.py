@@ -97,7 +97,6 @@ class ChainRadixCache(RadixCache):
             if child is None:
                 break
             child.access = stamp
-            self._maybe_push(child)
             n = _common(child, chain, key_len - pos)
             n -= n % page
             if n < child.length:
