@@ -8,7 +8,7 @@ from .step_machine cimport StepCosts
 
 
 cdef class DecodeBatch(OverlapResults):
-    @cython.locals(c=StepCosts, n=long)
+    @cython.locals(c=StepCosts, n=long, ctx=long)
     cpdef tuple _stretch_coeffs(self)
     cpdef _join(self, _Req r)
     @cython.locals(steps=long)

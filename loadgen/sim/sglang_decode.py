@@ -118,17 +118,19 @@ class DecodeBatch(OverlapResults):
                 break
             heapq.heappop(heap)
             finishing.append(entry[2])
+        if len(finishing) > 1:
+            finishing.sort(key=_batch_order)  # the batch's order
         if held is not None:
             self._last_decode = True
             self._ops_end, self._ops_from_prefill = end, False
-            for r in sorted(finishing, key=_batch_order):  # the batch's order
+            for r in finishing:
                 # its last token is out; the scheduler learns it once the next step is scheduled
                 self._decode_token_times(r)
                 r.lingering = True
                 self._ops.append((FINISH, r, 0))
             self._apply_results(held)
         elif finishing:
-            for r in sorted(finishing, key=_batch_order):  # the batch's order
+            for r in finishing:
                 self._leave(r)
                 self._finish(r)
             self._shrunk = True

@@ -60,7 +60,7 @@ cdef class SGLangState(StepMachine):
     cdef public list _joined
     cdef public object _last_decode_end
     cdef public bint overlap
-    cdef public object _hidden_s
+    cdef public double _hidden_s
     cdef public bint _cold
     cdef public bint _flush_pending
     cdef public list flush_times_s

@@ -1,6 +1,9 @@
 # Typed layout of step_machine.py's StepMachine for the compiled build (setup.py); pure Python
-# ignores it. The flavour's hooks are cpdef: a compiled flavour (SimEngine) overrides them in C,
-# a Python one (SGLangEngine) in Python.
+# ignores it. The flavour's hooks are cpdef: each flavour (SimEngine, SGLangEngine) overrides them
+# in C.
+
+cimport cython
+
 
 cdef class StepCosts:
     cdef public double t0_s
@@ -43,4 +46,5 @@ cdef class StepMachine:
     cpdef tuple _state_coeffs(self)
     cpdef long _stretch_len(self, double start_s, object limit_s, tuple bounds) except -1
     cpdef long _steps_starting_by(self, double start_s, double limit_s, long num_steps, bint strict) except -1
+    @cython.locals(steps=list, gaps=list, keep=Py_ssize_t, last_s=double)
     cpdef _push_gap(self, long first_step, double longest_s)

@@ -212,7 +212,10 @@ class StepMachine:
     def _push_gap(self, first_step: int, longest_s: float) -> None:
         steps, gaps = self._gap_steps, self._gap_max_s
         keep = len(gaps)
-        while keep and gaps[keep - 1] <= longest_s:
+        while keep:
+            last_s = gaps[keep - 1]  # compiled, a C double: no float object per comparison
+            if not last_s <= longest_s:
+                break
             keep -= 1
         if keep < len(gaps):
             del gaps[keep:], steps[keep:]
