@@ -3,10 +3,14 @@
 cimport cython
 
 from .sglang_prefill cimport PrefillAdding
+from .kv_pool cimport Stream
+from .request cimport SimRequest
 from .sglang_state cimport _Req
 
 
 cdef class SGLangEngine(PrefillAdding):
+    @cython.locals(prefix=Stream, own=Stream, r=_Req)
+    cpdef submit(self, SimRequest request, double now_s)
     cpdef bint _at_boundary(self) except -1
     cpdef _step(self, double start_s)
     @cython.locals(r=_Req, finished_any=bint)

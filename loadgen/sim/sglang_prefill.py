@@ -25,19 +25,18 @@ class PrefillAdding(DecodeBatch):
     """The prefill half of SGLangEngine's scheduling."""
 
     def _get_new_batch_prefill(self) -> list:
-        cfg = self.config
         if (self.batch_is_full or not self.waiting) and self.chunked is None:
             return []
         running_bs = len(self.running)
-        if cfg.max_running_requests - running_bs <= 0 and self.chunked is None:
+        if self.max_running_requests - running_bs <= 0 and self.chunked is None:
             self.batch_is_full = True
             return []
         prefix_computed = False
-        if cfg.schedule_policy == "lpm" and len(self.waiting) <= LPM_FALLBACK_QUEUE_LEN:
+        if self.lpm and len(self.waiting) <= LPM_FALLBACK_QUEUE_LEN:
             self._sort_by_longest_prefix()
             prefix_computed = True
         ratio = self._new_token_ratio()
-        clip = cfg.clip_max_new_tokens
+        clip = self.clip_max_new_tokens
         tree = self.tree
         # the outputs the scheduler has seen (overlap: without the last step's, sglang_overlap.py);
         # summed in the running batch's order from 0, as sum() would
@@ -46,8 +45,8 @@ class PrefillAdding(DecodeBatch):
             rem_total += min(r.req.max_tokens - (r.gen0 + self.decode_index - r.d0 - self._lag(r)), clip) * ratio
         self._rem_total_offset = rem_total
         self._cur_offset = 0
-        self._rem_input = cfg.max_prefill_tokens
-        self._rem_chunk = cfg.chunked_prefill_size
+        self._rem_input = self.max_prefill_tokens
+        self._rem_chunk = self.chunked_prefill_size
         batch = []  # (request, tokens to extend, truncated)
         chunked = self.chunked
         if chunked is not None:
@@ -60,7 +59,7 @@ class PrefillAdding(DecodeBatch):
         new_chunked = None
         admitted = []
         for r in self.waiting:
-            if len(admitted) + (chunked is not None) >= cfg.max_running_requests - running_bs:
+            if len(admitted) + (chunked is not None) >= self.max_running_requests - running_bs:
                 self.batch_is_full = True
                 break
             if not prefix_computed:
@@ -103,7 +102,7 @@ class PrefillAdding(DecodeBatch):
     def _add_one_req(self, r, batch_len: int) -> tuple[str, Optional[tuple]]:
         """PrefillAdder.add_one_req: (verdict, (request, extend, truncated) or None)."""
         tree = self.tree
-        clip = self.config.clip_max_new_tokens
+        clip = self.clip_max_new_tokens
         max_new = min(r.req.max_tokens - r.generated, clip)
         extend = r.fill_len() - r.match_len
         total_tokens = extend + max_new

@@ -35,6 +35,11 @@ cdef class _Req:
 
 cdef class SGLangState(StepMachine):
     cdef public object config
+    cdef public long max_running_requests
+    cdef public long clip_max_new_tokens
+    cdef public long max_prefill_tokens
+    cdef public long chunked_prefill_size
+    cdef public bint lpm
     cdef public object cost
     cdef public StepCosts step_costs
     cdef public long block_size

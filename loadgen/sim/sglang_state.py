@@ -105,6 +105,13 @@ class SGLangState(StepMachine):
                config.page_size) < 1:
             raise ValueError("page_size, chunked_prefill_size, max_prefill_tokens and max_running_requests must be >= 1")
         self.config = config
+        # the prefill adder's limits, read every iteration (sglang_prefill.py): C fields, not the
+        # frozen configuration's attributes
+        self.max_running_requests = config.max_running_requests
+        self.clip_max_new_tokens = config.clip_max_new_tokens
+        self.max_prefill_tokens = config.max_prefill_tokens
+        self.chunked_prefill_size = config.chunked_prefill_size
+        self.lpm = config.schedule_policy == "lpm"
         self.cost = cost
         self.step_costs = StepCosts(cost)
         self.block_size = config.page_size
