@@ -30,6 +30,7 @@ PURE_PYTHON_ENV = "LOADGEN_PURE_PYTHON"
 # the innermost loops of a simulated run (profile in benchmarks/README.md): the step machine, the
 # engines' scheduling, and the event loop, sessions and engine adapter that drive them
 COMPILED_MODULES = (
+    "loadgen.sim.keyed_heap",
     "loadgen.sim.step_machine",
     "loadgen.sim.vllm_state",
     "loadgen.sim.vllm_admission",
@@ -46,7 +47,6 @@ COMPILED_MODULES = (
     "loadgen.sim.sglang_engine",
     "loadgen.sim.radix_cache",
     "loadgen.sim.request",
-    "loadgen.core.keyed_heap",
     "loadgen.core.clock",
     "loadgen.core.session",
     "loadgen.core.engines",

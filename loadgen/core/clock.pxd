@@ -3,7 +3,7 @@
 
 cimport cython
 
-from .keyed_heap cimport Keyed, heap_pop, heap_push
+from ..sim.keyed_heap cimport Keyed, heap_pop, heap_push
 
 cdef class _Future:
     cdef object __weakref__

@@ -23,7 +23,7 @@ import time
 from collections import deque
 from typing import Any, Awaitable, Callable, Coroutine, Optional, Protocol
 
-from .keyed_heap import Keyed, heap_pop, heap_push
+from ..sim.keyed_heap import Keyed, heap_pop, heap_push
 from .lateness import LatenessHistogram
 
 
@@ -136,7 +136,7 @@ class _Task(_Future):
 
 class _Timer(Keyed):
     """A timer in the virtual kernel's heap, ordered by (when, seq): its time, then its insertion
-    (loadgen/core/keyed_heap.py)."""
+    (loadgen/sim/keyed_heap.py)."""
 
     __slots__ = ("callback", "args", "cancelled")
 

@@ -3,7 +3,7 @@
 
 cimport cython
 
-from ..core.keyed_heap cimport Keyed, heap_pop, heap_push
+from .keyed_heap cimport Keyed, heap_pop, heap_push
 
 
 cdef class Node:

@@ -25,7 +25,7 @@ one step per node on the path, not one per token.
 
 Access times are a counter bumped once per match or insert: ``time.monotonic()`` is increasing
 between calls in SGLang, and a counter gives the same order without reading a clock. Leaves are
-kept in a lazy heap of ``_Leaf`` entries (loadgen/core/keyed_heap.py), one pushed whenever a
+kept in a lazy heap of ``_Leaf`` entries (loadgen/sim/keyed_heap.py), one pushed whenever a
 node becomes an evictable leaf (added, unlocked, or its last child evicted) and none when a walk
 stamps it: an entry is dropped once its node is gone, locked or has children, and an entry older
 than its node's last access goes back in at that access when it surfaces. Every evictable leaf
@@ -40,7 +40,7 @@ from __future__ import annotations
 import itertools
 from typing import Hashable, Optional
 
-from ..core.keyed_heap import Keyed, heap_pop, heap_push
+from .keyed_heap import Keyed, heap_pop, heap_push
 
 
 class Node:

@@ -169,4 +169,3 @@ class SGLangState(StepMachine):
 
     def _finish(self, r: _Req) -> None:
         raise NotImplementedError
-
