@@ -19,7 +19,8 @@ Token ids are never materialised here. A request's tokens are its shared prefix 
 append-only stream ``own``. A node is a run ``[start, start + length)`` of positions; its first
 token decides which child slot it takes (the prefix ``pid`` itself inside a prefix, the stream
 ``own`` after it: keys hashed and compared by identity, and never equal, since the engine keys
-its prefix streams apart from its sessions' streams), and a node that runs past the end of its prefix carries the stream it continues into.
+its prefix streams apart from its sessions' streams), and a node that runs past the end of its
+prefix carries the stream it continues into.
 That is everything needed to compare a node with a request's key, so a match or an insert costs
 one step per node on the path, not one per token.
 
@@ -61,7 +62,7 @@ class Node:
         self.nid = nid
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> Hashable:
         return self.pid if self.start < self.plen else self.own
 
     def __repr__(self) -> str:
@@ -280,7 +281,7 @@ class RadixCache:
 
 
 class _Leaf(Keyed):
-    """An eviction-heap entry: ``node`` as it was when pushed, ordered by (access, node id)."""
+    """An eviction-heap entry for ``node``, keyed by its access and id at the push (when, seq)."""
 
     __slots__ = ("node",)
 

@@ -2,9 +2,9 @@
 
 cimport cython
 
-from .sglang_prefill cimport PrefillAdding
 from .kv_pool cimport Stream
 from .request cimport SimRequest
+from .sglang_prefill cimport PrefillAdding
 from .sglang_state cimport _Req
 
 
