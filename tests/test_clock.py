@@ -81,6 +81,21 @@ def test_a_failing_task_stops_the_run_with_its_error():
     assert isinstance(info.value.__cause__, KeyError)
 
 
+def test_ctrl_c_inside_a_task_stops_the_run_as_ctrl_c_not_as_the_task_s_failure():
+    # a KeyboardInterrupt lands in whatever Python code runs at that moment, often a session's
+    # coroutine: the runner must see it as Ctrl-C (run.json "interrupted"), not a failed run
+    clock = VirtualClock()
+
+    async def interrupted():
+        await clock.sleep(1)
+        raise KeyboardInterrupt
+
+    clock.spawn(interrupted())
+    with pytest.raises(KeyboardInterrupt):
+        clock.run()
+    assert clock.now() == 1
+
+
 def test_a_90_minute_sleep_takes_no_real_time():
     clock = VirtualClock()
 

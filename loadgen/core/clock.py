@@ -122,7 +122,7 @@ class _Task(_Future):
         except StopIteration as stop:
             self.set_result(stop.value)
             return
-        except BaseException as exc:  # surfaces in VirtualClock.run
+        except Exception as exc:  # surfaces in VirtualClock.run; Ctrl-C (not an Exception) stops it at once, as itself
             self._clock._failure = exc
             self.set_exception(exc)
             return
