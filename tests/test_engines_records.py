@@ -1,4 +1,4 @@
-"""TurnRequest and TurnResult: frozen dataclasses whose __init__ _dict_init generates (loadgen/core/engines.py)."""
+"""TurnRequest and TurnResult: frozen dataclasses with an __init__ of their own (loadgen/core/engines.py)."""
 
 import dataclasses
 import inspect

@@ -8,7 +8,7 @@ completion) it runs its steps up to that moment and arms one timer for its next 
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass
 from typing import Awaitable, Callable, Hashable, Optional, Protocol, Union
 
 from .clock import Clock
@@ -17,24 +17,16 @@ from ..sim.request import SimRequest
 from ..sim.sglang_engine import SGLangConfig, SGLangEngine
 
 
-def _dict_init(cls):
-    """A frozen dataclass's ``__init__`` that fills the instance's ``__dict__`` in one assignment.
+NAN = float("nan")
+_set = object.__setattr__
 
-    TurnRequest and TurnResult are made once or more per turn; dataclass's own ``__init__`` sets
-    each field through ``object.__setattr__`` (3-4 us a turn for the two, half of it saved here). Generated from the fields, as dataclass generates its own: the same parameters, order
-    and defaults (tests/test_engines_records.py); ``init=False`` keeps the rest (frozen, eq, repr,
-    replace)."""
-    names = [f.name for f in fields(cls)]
-    defaults = {f"_default_{f.name}": f.default for f in fields(cls) if f.default is not MISSING}
-    params = ", ".join(f"{n}=_default_{n}" if f"_default_{n}" in defaults else n for n in names)
-    entries = ", ".join(f"{n!r}: {n}" for n in names)
-    scope = {"_set": object.__setattr__, **defaults}
-    exec(f"def __init__(self, {params}):\n    _set(self, '__dict__', {{{entries}}})\n", scope)
-    cls.__init__ = scope["__init__"]
-    return cls
+# TurnRequest and TurnResult are made once or more per turn. Their __init__ is written out (the
+# dataclass keeps it: init=False) and fills the instance's __dict__ in one assignment; dataclass's
+# own sets each field through ``object.__setattr__`` (frozen), and compiled (setup.py) this one
+# takes its arguments and builds the dict in C. The same parameters, order and defaults as the
+# fields (tests/test_engines_records.py); the dataclass gives the rest (frozen, eq, repr, replace).
 
 
-@_dict_init
 @dataclass(frozen=True, init=False)
 class TurnRequest:
     session_id: int
@@ -53,8 +45,15 @@ class TurnRequest:
     parent_session_id: Optional[int] = None
     inherited_tokens: int = 0
 
+    def __init__(self, session_id, turn_index, prompt_tokens, max_tokens, shared_prefix_tokens=0, prefix_key="system",
+                 token_ids=None, prompt_content=None, final=False, parent_session_id=None, inherited_tokens=0):
+        _set(self, "__dict__", {
+            "session_id": session_id, "turn_index": turn_index, "prompt_tokens": prompt_tokens,
+            "max_tokens": max_tokens, "shared_prefix_tokens": shared_prefix_tokens, "prefix_key": prefix_key,
+            "token_ids": token_ids, "prompt_content": prompt_content, "final": final,
+            "parent_session_id": parent_session_id, "inherited_tokens": inherited_tokens})
 
-@_dict_init
+
 @dataclass(frozen=True, init=False)
 class TurnResult:
     submitted_s: float
@@ -68,8 +67,8 @@ class TurnResult:
     output_token_ids: Optional[list[int]] = None
     inter_token_gaps_s: tuple[float, ...] = ()  # per streamed token (live engines; OpenAIEngineClient.generate)
     # the simulated engine's per-token times, summarized (it computes them, it does not stream)
-    itl_mean_s: float = float("nan")
-    itl_max_s: float = float("nan")
+    itl_mean_s: float = NAN
+    itl_max_s: float = NAN
     output_text: Optional[str] = None  # the returned text (live engines): a text context appends it
     # a deployment's (loadgen/core/deployment.py): the replica that served the turn and, of its
     # missed tokens, those resident only on another replica (routing) or evicted from this one
@@ -77,6 +76,16 @@ class TurnResult:
     miss_routing_tokens: Optional[int] = None
     miss_eviction_tokens: Optional[int] = None
 
+    def __init__(self, submitted_s, first_token_s, finish_s, prompt_tokens, cached_tokens, output_tokens,
+                 num_preemptions=0, error=None, output_token_ids=None, inter_token_gaps_s=(), itl_mean_s=NAN,
+                 itl_max_s=NAN, output_text=None, replica=None, miss_routing_tokens=None, miss_eviction_tokens=None):
+        _set(self, "__dict__", {
+            "submitted_s": submitted_s, "first_token_s": first_token_s, "finish_s": finish_s,
+            "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens, "output_tokens": output_tokens,
+            "num_preemptions": num_preemptions, "error": error, "output_token_ids": output_token_ids,
+            "inter_token_gaps_s": inter_token_gaps_s, "itl_mean_s": itl_mean_s, "itl_max_s": itl_max_s,
+            "output_text": output_text, "replica": replica, "miss_routing_tokens": miss_routing_tokens,
+            "miss_eviction_tokens": miss_eviction_tokens})
 
 
 @dataclass(frozen=True)
@@ -127,7 +136,7 @@ class SimEngineClient:
         fut = self.clock.create_future()
         reason = engine.validate(request.prompt_tokens, request.max_tokens)
         if reason is not None:
-            fut.set_result(TurnResult(now, float("nan"), now, request.prompt_tokens, 0, 0, error=reason))
+            fut.set_result(TurnResult(now, NAN, now, request.prompt_tokens, 0, 0, error=reason))
             return fut
         if self.placer is not None:  # a session tree's (loadgen/core/tree_engines.py)
             prefix, stream = self.placer.streams(request)

@@ -43,8 +43,11 @@ cdef class RadixCache:
     @cython.locals(stamp=long, node=Node, page=long, pos=long, child=Node, n=long)
     cpdef long insert(self, pid, long plen, own, long key_len) except? -1
 
+    @cython.locals(stamp=long, node=Node, page=long, pos=long, child=Node, n=long)
+    cpdef tuple insert_matched(self, pid, long plen, own, long key_len)
+
     @cython.locals(new=Node)
-    cpdef _add_leaf(self, Node node, long pos, pid, long plen, own, long key_len, long stamp)
+    cpdef Node _add_leaf(self, Node node, long pos, pid, long plen, own, long key_len, long stamp)
 
     @cython.locals(parent=Node, top=Node)
     cpdef Node _split(self, Node child, long n)

@@ -183,8 +183,45 @@ class RadixCache:
             self._add_leaf(node, pos, pid, plen, own, key_len, stamp)
         return pos
 
+    def insert_matched(self, pid: Hashable, plen: int, own: Hashable, key_len: int) -> tuple[int, Node]:
+        """``insert`` then ``match_prefix`` of the same key, as SGLang's cache_unfinished_req calls
+        them, in one walk: (tokens already cached, the node the key ends at). The match would
+        find the whole key, which the insert has just put there, and only stamp its path again:
+        so the path gets the match's access time and the node a split leaves below the key keeps
+        the insert's."""
+        self.clock += 2
+        stamp = self.clock
+        node = self.root
+        node.access = stamp
+        page = self.page_size
+        if page > 1:
+            key_len -= key_len % page
+        pos = 0
+        while pos < key_len:
+            child = node.children.get(pid if pos < plen else own)
+            if child is None:
+                break
+            child.access = stamp
+            n = child.length
+            if child.start < child.plen and child.own is not None and child.own is not own:
+                n = child.plen - child.start
+            if n > key_len - pos:
+                n = key_len - pos
+            if page > 1:
+                n -= n % page
+            pos += n
+            if n < child.length:
+                child.access = stamp - 1
+                node = self._split(child, n)
+                node.access = stamp
+                break
+            node = child
+        if pos < key_len:
+            return pos, self._add_leaf(node, pos, pid, plen, own, key_len, stamp)
+        return pos, node
+
     def _add_leaf(self, node: Node, pos: int, pid: Hashable, plen: int, own: Hashable, key_len: int,
-                  stamp: int) -> None:
+                  stamp: int) -> Node:
         """The unmatched rest ``[pos, key_len)`` of a key, as one new leaf under ``node``."""
         new = self.node_class(node, pos, key_len - pos, pid if pos < plen else None, plen if pos < plen else 0,
                               own if key_len > plen else None, stamp, next(self._ids))
@@ -192,6 +229,7 @@ class RadixCache:
         self.num_nodes += 1
         self.evictable_size += new.length
         self._push(new)  # a new leaf, unlocked
+        return new
 
     def _split(self, child: Node, n: int) -> Node:
         """SGLang's _split_node: a new node for the first ``n`` tokens of ``child``, above it."""

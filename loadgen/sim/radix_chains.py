@@ -80,6 +80,10 @@ class ChainRadixCache(RadixCache):
             self._add_leaf(node, pos, pid, plen, own, key_len, stamp)
         return pos
 
+    def insert_matched(self, pid: Hashable, plen: int, own, key_len: int) -> tuple[int, Node]:
+        pos = self.insert(pid, plen, own, key_len)
+        return pos, self.match_prefix(pid, plen, own, key_len)[1]
+
     def _walk(self, own, key_len: int, inserting: bool) -> tuple[int, Node, int]:
         """Down from the root along ``own``'s first ``key_len`` tokens (page-floored): (tokens
         matched, the last node, the stamp). A match ending inside a node splits it (an insert

@@ -292,10 +292,9 @@ class SGLangEngine(PrefillAdding):
             kv_len = r.kv_len
         tree = self.tree
         aligned = kv_len - kv_len % self.page
-        new_prefix_len = tree.insert(r.pid, r.plen, r.own, aligned)
+        new_prefix_len, node = tree.insert_matched(r.pid, r.plen, r.own, aligned)
         if new_prefix_len > r.protected:
             self.available += new_prefix_len - r.protected  # duplicates of what another request cached
-        _, node = tree.match_prefix(r.pid, r.plen, r.own, aligned)
         if r.last_node is not None:
             tree.dec_lock_ref(r.last_node)
         tree.inc_lock_ref(node)
