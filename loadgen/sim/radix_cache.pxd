@@ -18,6 +18,8 @@ cdef class Node:
     cdef public long access
     cdef public bint alive
     cdef public long nid
+    cdef public object last_key
+    cdef public Node last_child
 
 
 cdef class _Leaf(Keyed):

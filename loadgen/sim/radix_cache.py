@@ -44,8 +44,12 @@ from typing import Hashable, Optional
 from .keyed_heap import Keyed, heap_pop, heap_push
 
 
+_NO_KEY = object()  # a node's last_key before it has a child: no lookup key is this object
+
+
 class Node:
-    __slots__ = ("parent", "children", "start", "length", "pid", "plen", "own", "lock_ref", "access", "alive", "nid")
+    __slots__ = ("parent", "children", "start", "length", "pid", "plen", "own", "lock_ref", "access", "alive", "nid",
+                 "last_key", "last_child")
 
     def __init__(self, parent: Optional["Node"], start: int, length: int, pid: Hashable, plen: int,
                  own: Hashable, access: int, nid: int) -> None:
@@ -60,6 +64,10 @@ class Node:
         self.access = access
         self.alive = True
         self.nid = nid
+        # the child last found or added under ``children``, and its key: a session's path is a
+        # node per turn, each with one child, so a walk finds it by one identity test, no hashing
+        self.last_key = _NO_KEY
+        self.last_child: Optional[Node] = None
 
     @property
     def key(self) -> Hashable:
@@ -106,9 +114,15 @@ class RadixCache:
             key_len -= key_len % page
         pos = 0
         while pos < key_len:
-            child = node.children.get(pid if pos < plen else own)
-            if child is None:
-                break
+            key = pid if pos < plen else own
+            if node.last_key is key:
+                child = node.last_child
+            else:
+                child = node.children.get(key)
+                if child is None:
+                    break
+                node.last_key = key
+                node.last_child = child
             child.access = stamp
             n = child.length
             if child.start < child.plen and child.own is not None and child.own is not own:
@@ -137,9 +151,15 @@ class RadixCache:
             key_len -= key_len % page
         pos = 0
         while pos < key_len:
-            child = node.children.get(pid if pos < plen else own)
-            if child is None:
-                break
+            key = pid if pos < plen else own
+            if node.last_key is key:
+                child = node.last_child
+            else:
+                child = node.children.get(key)
+                if child is None:
+                    break
+                node.last_key = key
+                node.last_child = child
             n = child.length
             if child.start < child.plen and child.own is not None and child.own is not own:
                 n = child.plen - child.start
@@ -163,9 +183,15 @@ class RadixCache:
             key_len -= key_len % page
         pos = 0
         while pos < key_len:
-            child = node.children.get(pid if pos < plen else own)
-            if child is None:
-                break
+            key = pid if pos < plen else own
+            if node.last_key is key:
+                child = node.last_child
+            else:
+                child = node.children.get(key)
+                if child is None:
+                    break
+                node.last_key = key
+                node.last_child = child
             child.access = stamp
             n = child.length
             if child.start < child.plen and child.own is not None and child.own is not own:
@@ -198,9 +224,15 @@ class RadixCache:
             key_len -= key_len % page
         pos = 0
         while pos < key_len:
-            child = node.children.get(pid if pos < plen else own)
-            if child is None:
-                break
+            key = pid if pos < plen else own
+            if node.last_key is key:
+                child = node.last_child
+            else:
+                child = node.children.get(key)
+                if child is None:
+                    break
+                node.last_key = key
+                node.last_child = child
             child.access = stamp
             n = child.length
             if child.start < child.plen and child.own is not None and child.own is not own:
@@ -225,7 +257,10 @@ class RadixCache:
         """The unmatched rest ``[pos, key_len)`` of a key, as one new leaf under ``node``."""
         new = self.node_class(node, pos, key_len - pos, pid if pos < plen else None, plen if pos < plen else 0,
                               own if key_len > plen else None, stamp, next(self._ids))
-        node.children[new.key] = new
+        key = new.key
+        node.children[key] = new
+        node.last_key = key
+        node.last_child = new
         self.num_nodes += 1
         self.evictable_size += new.length
         self._push(new)  # a new leaf, unlocked
@@ -243,7 +278,12 @@ class RadixCache:
         if child.start >= child.plen:
             child.pid, child.plen = None, 0
         parent.children[top.key] = top
-        top.children[child.key] = child
+        if parent.last_child is child:
+            parent.last_key = top.key
+            parent.last_child = top
+        top.last_key = child.key
+        top.children[top.last_key] = child
+        top.last_child = child
         child.parent = top
         self.num_nodes += 1
         return top
@@ -307,6 +347,9 @@ class RadixCache:
             freed += node.length
             parent = node.parent
             del parent.children[node.key]
+            if parent.last_child is node:
+                parent.last_key = _NO_KEY
+                parent.last_child = None
             node.alive = False
             self.num_nodes -= 1
             self.evictable_size -= node.length
