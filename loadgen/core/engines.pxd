@@ -2,10 +2,11 @@
 # ignores it.
 
 from ..sim.request cimport SimRequest
+from ..sim.step_machine cimport StepMachine
 
 cdef class SimEngineClient:
     cdef public object clock
-    cdef public object engine
+    cdef public StepMachine engine
     cdef public long pool_tokens
     cdef public object _timer
     cdef public object _armed_at

@@ -257,11 +257,11 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
                     progress.counted_as = None
             admit = clock.now()
             output = output_tokens[k]
-            request = TurnRequest(sid, k, context, output, shared_prefix_tokens, prefix_key,
+            request = TurnRequest(sid, k, context, output, shared_prefix_tokens, prefix_key,  # all positional: cheaper
                                   tokens.ids if tokens is not None else None,
-                                  tokens.content if tokens is not None else None, final=k == num_turns - 1,
-                                  parent_session_id=node.parent_id if node is not None else None,
-                                  inherited_tokens=node.fork_tokens if node is not None else 0)
+                                  tokens.content if tokens is not None else None, k == num_turns - 1,
+                                  node.parent_id if node is not None else None,
+                                  node.fork_tokens if node is not None else 0)
             cacheable = max(held_tokens, shared_prefix_tokens if prefix in sent_prefixes else 0)
             sent_prefixes.add(prefix)
             if node is not None and node.tree.parallel:  # more calls over this prompt, sent with it
