@@ -121,6 +121,9 @@ class _Columns:
         self.schema = schema
         self.names = schema.names
         self.rows: list[tuple] = []
+        # per column its Arrow type and how a typed copy takes it, looked up once (hashing an
+        # Arrow type formats it as text)
+        self._kinds = [(f.type, _TYPED_KINDS.get(f.type, _OTHER)) for f in schema]
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -132,10 +135,12 @@ class _Columns:
         rows = self.rows
         if _COMPILED and rows:
             arrays = []
-            for j, f in enumerate(self.schema):
-                kind = _TYPED_KINDS.get(f.type, _OTHER)
+            for j, (arrow_type, kind) in enumerate(self._kinds):
                 dense = _typed_column(rows, j, kind) if kind != _OTHER else None
-                arrays.append(array(dense if dense is not None else [row[j] for row in rows], f.type))
+                if dense is None:
+                    arrays.append(array([row[j] for row in rows], arrow_type))
+                else:
+                    arrays.append(_dense_array(dense, arrow_type, kind))
         else:
             columns = zip(*rows) if rows else [()] * len(self.names)
             arrays = [array(list(c), f.type) for c, f in zip(columns, self.schema)]
@@ -152,6 +157,24 @@ class _Columns:
 _COMPILED = not __file__.endswith(".py")
 _FLOAT, _INT, _BOOL, _OTHER = 0, 1, 2, 3
 _TYPED_KINDS = {pa.float64(): _FLOAT, pa.int64(): _INT, pa.int32(): _INT, pa.bool_(): _BOOL}
+
+
+def _dense_array(dense: np.ndarray, arrow_type: pa.DataType, kind: int) -> pa.Array:
+    """``array(dense, arrow_type)`` for a column ``_typed_column`` copied (no nulls, one dtype),
+    straight from its buffer: the checks ``array`` makes of any NumPy array are settled here."""
+    n = len(dense)
+    if kind == _BOOL:
+        return pa.Array.from_buffers(arrow_type, n, [None, pa.py_buffer(np.packbits(dense, bitorder="little"))],
+                                     null_count=0)
+    if arrow_type == _INT32:
+        if n and (dense.min() < _INT32_MIN or dense.max() > _INT32_MAX):
+            return array(dense, arrow_type)  # out of range: refused as array refuses it
+        dense = dense.astype(np.int32)
+    return pa.Array.from_buffers(arrow_type, n, [None, pa.py_buffer(dense)], null_count=0)
+
+
+_INT32 = pa.int32()
+_INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 
 
 def _typed_column(rows: list, j: int, kind: int) -> Optional[np.ndarray]:
