@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class GatewayView:
     """What a policy may look at when it decides (docs/experiments.md#gateway-controllers)."""
 
@@ -16,6 +16,14 @@ class GatewayView:
     pool_tokens: int  # C
     num_parked: int
     num_waiting_new: int
+
+    # made at every gate decision of a controlled run (a turn boundary, a completed turn): its
+    # __dict__ filled in one assignment, not a frozen dataclass's setattr per field; the same
+    # parameters as the fields (tests/controllers/test_base.py)
+    def __init__(self, now_s, num_active, demand_tokens, pool_tokens, num_parked, num_waiting_new):
+        object.__setattr__(self, "__dict__", {
+            "now_s": now_s, "num_active": num_active, "demand_tokens": demand_tokens, "pool_tokens": pool_tokens,
+            "num_parked": num_parked, "num_waiting_new": num_waiting_new})
 
 
 class Policy:

@@ -120,6 +120,15 @@ def _chunks(column: pa.Array | pa.ChunkedArray) -> list:
     return column.chunks if isinstance(column, pa.ChunkedArray) else [column]
 
 
+_FLOAT64, _INT64 = pa.float64(), pa.int64()
+
+
+def _as(chunk: pa.Array, arrow_type: pa.DataType) -> pa.Array:
+    """``chunk.cast(arrow_type)``, without the cast's call when the chunk is of that type already
+    (most are: a recorded table's columns come in one chunk per flush)."""
+    return chunk if chunk.type == arrow_type else chunk.cast(arrow_type)
+
+
 def _primitive(chunk: pa.Array, dtype) -> np.ndarray:
     data = chunk.buffers()[1]
     if data is None or len(chunk) == 0:
@@ -140,7 +149,7 @@ def float_values(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """The column as float64, nulls as NaN (``column.cast(float64).to_numpy()``)."""
     parts = []
     for chunk in _chunks(column):
-        values = _primitive(chunk.cast(pa.float64()), np.float64).copy()
+        values = _primitive(_as(chunk, _FLOAT64), np.float64).copy()
         if chunk.null_count:
             values[~_bits(chunk.buffers()[0], chunk.offset, len(chunk))] = np.nan
         parts.append(values)
@@ -153,7 +162,7 @@ def int_values(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     for chunk in _chunks(column):
         if chunk.null_count:
             raise ValueError(f"an integer column holds {chunk.null_count} nulls")
-        parts.append(_primitive(chunk.cast(pa.int64()), np.int64).copy())
+        parts.append(_primitive(_as(chunk, _INT64), np.int64).copy())
     return _joined(parts, np.int64)
 
 
