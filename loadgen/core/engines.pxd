@@ -2,11 +2,10 @@
 # ignores it.
 
 from ..sim.request cimport SimRequest
-from ..sim.step_machine cimport StepMachine
 
 cdef class SimEngineClient:
     cdef public object clock
-    cdef public StepMachine engine
+    cdef public object engine  # a StepMachine, or a test's reference engine (tests/sim/test_tree_differential.py)
     cdef public long pool_tokens
     cdef public object _timer
     cdef public object _armed_at
