@@ -45,6 +45,55 @@ def test_many_timers_fire_in_time_order_ties_in_the_order_they_were_set():
     assert fired == sorted(expected, key=lambda e: (e[0], e[1] >= 10_000, e[1]))
 
 
+def _log_of(schedule):
+    """What a program that schedules timers with ``schedule(clock, log)`` logs, in firing order."""
+    clock = VirtualClock(start_s=1.0)
+    log = []
+    schedule(clock, log)
+    clock.run(until_s=180.0)
+    return log, clock.now()
+
+
+def test_a_series_fires_as_the_same_timers_set_one_by_one_would():
+    # unsorted times with ties, one before the clock's start (clamped to it), timers set before
+    # and after the series, and timers its events set while the run goes
+    import random
+    rng = random.Random(11)
+    times = [float(rng.randint(0, 200)) for _ in range(400)]
+
+    def event(clock, log, i):
+        log.append((clock.now(), i))
+        if i % 7 == 0:  # ties with later events of the series and with the other timers
+            clock.call_at(clock.now() + float(i % 3), log.append, (clock.now(), "set by", i))
+
+    def one_by_one(clock, log):
+        clock.call_at(50.0, log.append, "before")
+        for i, when in enumerate(times):
+            clock.call_at(when, event, clock, log, i)
+        clock.call_at(50.0, log.append, "after")
+
+    def as_series(clock, log):
+        clock.call_at(50.0, log.append, "before")
+        clock.call_series([(when, event, (clock, log, i)) for i, when in enumerate(times)])
+        clock.call_at(50.0, log.append, "after")
+
+    expected = _log_of(one_by_one)
+    assert _log_of(as_series) == expected
+    log, now = expected
+    assert log[0][0] == 1.0 and len(log) > 300 and now == 180.0  # clamped to the start; ran until 180 s
+
+
+def test_a_series_holds_one_timer_in_the_heap_at_a_time():
+    clock = VirtualClock()
+    fired = []
+    clock.call_series([(float(i), fired.append, (i,)) for i in range(1000)])
+    assert len(clock._heap) == 1
+    clock.run(until_s=499.5)
+    assert fired == list(range(500)) and len(clock._heap) == 1
+    clock.run()
+    assert fired == list(range(1000)) and not clock._heap
+
+
 def test_virtual_clock_runs_until_and_stops_time_there():
     clock = VirtualClock()
     hits = []

@@ -39,6 +39,13 @@ cdef class _Timer(Keyed):
 cdef _Timer _timer(double when, long seq, callback, tuple args)
 
 
+cdef class _Series:
+    cdef list _heap
+    cdef list _pending
+
+    cpdef fire(self, callback, tuple args)
+
+
 cdef class VirtualClock:
     cdef object __weakref__
     cdef public object lateness
@@ -49,6 +56,8 @@ cdef class VirtualClock:
     cdef public object _failure
 
     cpdef double now(self)
+    @cython.locals(now=double, seq=long, timers=list, series=_Series)
+    cpdef call_series(self, list calls)
     cpdef _Future create_future(self)
     cpdef _Future sleep(self, double delay_s)
     cpdef _Task spawn(self, coro)

@@ -135,15 +135,12 @@ def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir:
     if any(plan.tree is not None for plan in plans):
         env.trees = start_trees(env, plans, lambda plan: _start_session(clock, plan, env), ctl.tree_policy)
 
-    for plan in plans:
-        clock.call_at(plan.arrival_s, _start_session, clock, plan, env)
-    for trig in arm.triggers:
-        if isinstance(trig, FlushTrigger):
-            clock.call_at(trig.at_s, engine.flush)
+    calls = [(plan.arrival_s, _start_session, (clock, plan, env)) for plan in plans]
+    calls += [(trig.at_s, engine.flush, ()) for trig in arm.triggers if isinstance(trig, FlushTrigger)]
     interval = spec.recording.sample_interval_s
     num_samples = int(math.floor(spec.duration_s / interval + 1e-9))
-    for i in range(num_samples + 1):
-        clock.call_at(i * interval, _sample, env)
+    calls += [(i * interval, _sample, (env,)) for i in range(num_samples + 1)]
+    clock.call_series(calls)
     clock.run(until_s=spec.duration_s)
     counts = env.counts
     return {

@@ -10,7 +10,7 @@ what they do and why the batch is kept as aggregates.
 from __future__ import annotations
 
 import bisect
-import heapq
+from heapq import heappop, heappush  # compiled, a global read per call, not a module attribute
 import operator
 from typing import Optional
 
@@ -38,7 +38,7 @@ class DecodeBatch(OverlapResults):
         self.running[r] = None
         self._joined.append(r)
         if not r.lingering:  # a lingering request has computed its last token already
-            heapq.heappush(self._finish_heap, (r.d0 + r.req.max_tokens - r.gen0 - 1, r.order, r))
+            heappush(self._finish_heap, (r.d0 + r.req.max_tokens - r.gen0 - 1, r.order, r))
 
     def _leave(self, r: _Req, stats: bool = True) -> None:
         """Out of the running batch, its KV and outputs brought up to date (``stats``: its token
@@ -71,7 +71,7 @@ class DecodeBatch(OverlapResults):
     def _max_stretch(self) -> int:
         heap = self._finish_heap
         while heap and not _valid(heap[0]):
-            heapq.heappop(heap)
+            heappop(heap)
         return min(heap[0][0] - self.decode_index + 1, self.available // len(self.running))
 
     def _commit_stretch(self, start_s: float, num_steps: int, coeffs: Optional[tuple[float, float]] = None) -> None:
@@ -110,13 +110,13 @@ class DecodeBatch(OverlapResults):
         while heap:
             entry = heap[0]
             if not _valid(entry):
-                heapq.heappop(heap)
+                heappop(heap)
                 continue
             if entry[0] != last:
                 if entry[0] < last:
                     raise AssertionError(f"{entry[2]!r} should have finished at decode step {entry[0]} < {last}")
                 break
-            heapq.heappop(heap)
+            heappop(heap)
             finishing.append(entry[2])
         if len(finishing) > 1:
             finishing.sort(key=_batch_order)  # the batch's order

@@ -192,9 +192,12 @@ class StepMachine:
         if alpha > 0:  # zero-cost engines (load-generator benchmarks) run every step at once
             if beta > 0:
                 b1 = alpha - beta
-                i = int((-b1 + math.sqrt(b1 * b1 + 4 * beta * max(budget, 0.0))) / (2 * beta))
+                root = (-b1 + math.sqrt(b1 * b1 + 4 * beta * max(budget, 0.0))) / (2 * beta)
             else:
-                i = int(max(budget, 0.0) / alpha)
+                root = max(budget, 0.0) / alpha
+            # far past num_steps the answer is num_steps from any start there; compiled, a
+            # root past a C long's range would not convert
+            i = int(root) if not root >= 1e15 else num_steps + 2
             if strict:
                 while i > 0 and alpha * i + beta * i * (i - 1) >= budget:
                     i -= 1
@@ -217,7 +220,9 @@ class StepMachine:
             if not last_s <= longest_s:
                 break
             keep -= 1
-        if keep < len(gaps):
-            del gaps[keep:], steps[keep:]
+            # one or two entries at a time: compiled, a pop is a pointer move, a slice deletion
+            # builds a slice object and a length
+            gaps.pop()
+            steps.pop()
         steps.append(first_step)
         gaps.append(longest_s)

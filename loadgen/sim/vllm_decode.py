@@ -10,7 +10,7 @@ that cannot get a block preempts the last running one) as engine.py does.
 from __future__ import annotations
 
 import bisect
-import heapq
+from heapq import heappop, heappush  # compiled, a global read per call, not a module attribute
 from typing import Optional
 
 from .request import RUNNING, SimRequest
@@ -30,7 +30,7 @@ class DecodeAggregates(Admission):
         self._residues[req.residue] += 1
         self.num_decoders += 1
         self._decoder_ctx_const += req.nc0 - g0 + 1
-        heapq.heappush(self._finish_heap, (g0 + req.max_tokens - req.gen0 - 1, req.admit_seq, req))
+        heappush(self._finish_heap, (g0 + req.max_tokens - req.gen0 - 1, req.admit_seq, req))
 
     def _remove_decoder(self, req: SimRequest, g: int) -> None:
         """Take ``req`` out of the aggregates with its state as of the start of step ``g``."""
@@ -61,7 +61,7 @@ class DecodeAggregates(Admission):
         """Pure-decode steps: up to the first finish, before a block shortage."""
         heap = self._finish_heap
         while heap and not _valid(heap[0]):
-            heapq.heappop(heap)
+            heappop(heap)
         g = self.step_index
         num_steps = heap[0][0] - g + 1
         # blocks: r per full cycle of block_size steps, then the residues step by step
@@ -128,13 +128,13 @@ class DecodeAggregates(Admission):
             entry = heap[0]
             req = entry[2]
             if not (req.state == RUNNING and req.is_decoder and req.admit_seq == entry[1]):  # stale: see _valid
-                heapq.heappop(heap)
+                heappop(heap)
                 continue
             if entry[0] != g:
                 if entry[0] < g:
                     raise AssertionError(f"decoder {entry[2]!r} should have finished at step {entry[0]} < {g}")
                 return
-            heapq.heappop(heap)
+            heappop(heap)
             self._remove_decoder(req, g + 1)
             self._finish(req, req.num_computed)
 
