@@ -18,16 +18,17 @@ from ..sim.sglang_engine import SGLangConfig, SGLangEngine
 
 
 NAN = float("nan")
-_set = object.__setattr__
 
-# TurnRequest and TurnResult are made once or more per turn. Their __init__ is written out (the
-# dataclass keeps it: init=False) and fills the instance's __dict__ in one assignment; dataclass's
-# own sets each field through ``object.__setattr__`` (frozen), and compiled (setup.py) this one
-# takes its arguments and builds the dict in C. The same parameters, order and defaults as the
-# fields (tests/test_engines_records.py); the dataclass gives the rest (frozen, eq, repr, replace).
+# TurnRequest and TurnResult are made once or more per turn. Compiled (setup.py), engines.pxd makes
+# them extension types whose fields are C slots: Cython builds their dataclass methods itself, and
+# one costs a few stores to make instead of a dict of 11-16 entries. Their ``__eq__`` and
+# ``__hash__`` are written out so that both builds compare the same way: the tuples of the fields,
+# as a dataclass does (equal records holding the same NaN object are equal), where Cython's own
+# would compare field by field (NaN != NaN). An assignment to a field raises AttributeError in
+# both builds (a FrozenInstanceError, its subclass, in pure Python).
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True, eq=False)
 class TurnRequest:
     session_id: int
     turn_index: int
@@ -45,16 +46,21 @@ class TurnRequest:
     parent_session_id: Optional[int] = None
     inherited_tokens: int = 0
 
-    def __init__(self, session_id, turn_index, prompt_tokens, max_tokens, shared_prefix_tokens=0, prefix_key="system",
-                 token_ids=None, prompt_content=None, final=False, parent_session_id=None, inherited_tokens=0):
-        _set(self, "__dict__", {
-            "session_id": session_id, "turn_index": turn_index, "prompt_tokens": prompt_tokens,
-            "max_tokens": max_tokens, "shared_prefix_tokens": shared_prefix_tokens, "prefix_key": prefix_key,
-            "token_ids": token_ids, "prompt_content": prompt_content, "final": final,
-            "parent_session_id": parent_session_id, "inherited_tokens": inherited_tokens})
+    def _key(self) -> tuple:
+        return (self.session_id, self.turn_index, self.prompt_tokens, self.max_tokens, self.shared_prefix_tokens,
+                self.prefix_key, self.token_ids, self.prompt_content, self.final, self.parent_session_id,
+                self.inherited_tokens)
+
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True, eq=False)
 class TurnResult:
     submitted_s: float
     first_token_s: float  # NaN when the turn failed before its first token
@@ -76,16 +82,19 @@ class TurnResult:
     miss_routing_tokens: Optional[int] = None
     miss_eviction_tokens: Optional[int] = None
 
-    def __init__(self, submitted_s, first_token_s, finish_s, prompt_tokens, cached_tokens, output_tokens,
-                 num_preemptions=0, error=None, output_token_ids=None, inter_token_gaps_s=(), itl_mean_s=NAN,
-                 itl_max_s=NAN, output_text=None, replica=None, miss_routing_tokens=None, miss_eviction_tokens=None):
-        _set(self, "__dict__", {
-            "submitted_s": submitted_s, "first_token_s": first_token_s, "finish_s": finish_s,
-            "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens, "output_tokens": output_tokens,
-            "num_preemptions": num_preemptions, "error": error, "output_token_ids": output_token_ids,
-            "inter_token_gaps_s": inter_token_gaps_s, "itl_mean_s": itl_mean_s, "itl_max_s": itl_max_s,
-            "output_text": output_text, "replica": replica, "miss_routing_tokens": miss_routing_tokens,
-            "miss_eviction_tokens": miss_eviction_tokens})
+    def _key(self) -> tuple:
+        return (self.submitted_s, self.first_token_s, self.finish_s, self.prompt_tokens, self.cached_tokens,
+                self.output_tokens, self.num_preemptions, self.error, self.output_token_ids, self.inter_token_gaps_s,
+                self.itl_mean_s, self.itl_max_s, self.output_text, self.replica, self.miss_routing_tokens,
+                self.miss_eviction_tokens)
+
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
 
 
 @dataclass(frozen=True)
