@@ -485,7 +485,7 @@ def merge_parts(run_dir: Path, written: Optional[dict[str, list[pa.Table]]] = No
         if tables or not final.exists():
             table = pa.concat_tables(tables) if tables else schema.empty_table()
             tmp = final.with_name(final.name + ".tmp")
-            pq.write_table(table, tmp)
+            _write_parquet(table, tmp)
             os.replace(tmp, final)
         for p in parts:
             p.unlink()
@@ -493,6 +493,14 @@ def merge_parts(run_dir: Path, written: Optional[dict[str, list[pa.Table]]] = No
         leftover.unlink()
     parts_dir.rmdir()
     return True
+
+
+def _write_parquet(table: pa.Table, path: Path) -> None:
+    # dictionary-encoded: the columns whose values repeat (strings, ints, bools); a run's float
+    # columns (times) are nearly all distinct, and a dictionary of them took 40% of the write and
+    # made turns.parquet 15% larger
+    dictionary = [f.name for f in table.schema if not pa.types.is_floating(f.type)]
+    pq.write_table(table, path, use_dictionary=dictionary)
 
 
 def nan_to_none(value: float) -> Optional[float]:
