@@ -135,18 +135,60 @@ def test_crashed_run_keeps_flushed_rows(tmp_path):
     assert pq.read_table(tmp_path / "samples.parquet").num_rows == 0
 
 
-def test_recovery_merges_the_parquet_parts_of_results_written_before_ipc_parts(tmp_path):
+def _flushed_turns(tmp_path, num_flushes):
+    """A recorder that flushed ``num_flushes`` times, one turn (session i) a flush, and died."""
     rec = RunRecorder(tmp_path, "r", "arm", 1, flush_interval_s=60)
-    for i in range(12):  # parts 0-11: their order is the number's, not the name's
+    for i in range(num_flushes):
         rec.turn(i, 0, False, "synthetic", 1.0, 1.0, 2.0, 3.0, 100, 0, 10, 0, None)
         rec.maybe_flush(61.0 * (i + 1))
+    return rec
+
+
+def test_every_flush_appends_to_one_stream_per_table_and_closing_merges_them(tmp_path):
+    rec = _flushed_turns(tmp_path, 12)
+    # samples and sessions had no rows to flush
+    assert [p.name for p in (tmp_path / PARTS_DIR).iterdir()] == ["turns-stream.arrows"]
+    rec.close()
+    assert pq.read_table(tmp_path / "turns.parquet").column("session_id").to_pylist() == list(range(12))
+    assert not (tmp_path / PARTS_DIR).exists()
+
+
+def test_recovery_drops_the_batch_a_crash_cut_short_and_keeps_the_ones_before(tmp_path):
+    _flushed_turns(tmp_path, 5)
+    stream = tmp_path / PARTS_DIR / "turns-stream.arrows"
+    data = stream.read_bytes()
+    stream.write_bytes(data[:-40])  # the last flush's batch, half written
+    assert merge_parts(tmp_path)
+    assert pq.read_table(tmp_path / "turns.parquet").column("session_id").to_pylist() == [0, 1, 2, 3]
+
+
+def test_recovery_reads_an_empty_stream_as_no_rows_and_refuses_one_it_cannot_read(tmp_path):
     parts = tmp_path / PARTS_DIR
-    assert sorted(p.name for p in parts.glob("turns-*")) == [f"turns-{i:05d}.arrow" for i in range(12)]
-    for i in (3, 11):  # an earlier version's parts of the same rows
+    parts.mkdir()
+    (parts / "turns-stream.arrows").write_bytes(b"")  # the run died as it opened it
+    assert merge_parts(tmp_path)
+    assert pq.read_table(tmp_path / "turns.parquet").num_rows == 0
+    parts.mkdir()
+    (parts / "turns-stream.arrows").write_bytes(b"not an arrow stream at all")
+    with pytest.raises(pa.ArrowInvalid):
+        merge_parts(tmp_path)
+
+
+def test_recovery_merges_the_parts_of_runs_written_by_earlier_versions_in_order(tmp_path):
+    # one Arrow IPC file per flush (parts 0-11: their order is the number's, not the name's), and
+    # before those one Parquet file per flush
+    rows = _flushed_turns(tmp_path / "src", 12)
+    rows.close()
+    table = pq.read_table(tmp_path / "src" / "turns.parquet")
+    parts = tmp_path / PARTS_DIR
+    parts.mkdir()
+    for i in range(12):
         part = parts / f"turns-{i:05d}.arrow"
-        with pa.OSFile(str(part), "rb") as source:
-            pq.write_table(ipc.open_file(source).read_all(), part.with_suffix(".parquet"))
-        part.unlink()
+        if i in (3, 11):
+            pq.write_table(table.slice(i, 1), part.with_suffix(".parquet"))
+        else:
+            with pa.OSFile(str(part), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table.slice(i, 1))
     assert merge_parts(tmp_path)
     assert pq.read_table(tmp_path / "turns.parquet").column("session_id").to_pylist() == list(range(12))
     assert not parts.exists()

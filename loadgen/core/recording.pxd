@@ -40,10 +40,10 @@ cdef class RunRecorder:
     cdef public object _next_flush_s
     cdef public object _in_memory
     cdef public object _parts
-    cdef public dict _num_parts
     cdef public dict _written
     cdef public object _writer
     cdef public list _writes
+    cdef public dict _streams
     cdef public bint replica_columns
     cdef public bint tree_columns
     cdef public dict _tree_of

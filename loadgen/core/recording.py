@@ -1,11 +1,12 @@
 """Per-run results written as the run goes (docs/results-format.md).
 
-Rows are buffered in columns and written every ``flush_interval_s`` of run time as small,
-complete Arrow IPC files under ``<run>/.parts/`` (a sixth of a Parquet part's cost to write, and
-only ever read to recover a run); closing the run merges them into ``turns.parquet``,
-``samples.parquet`` and ``sessions.parquet``. If the process dies mid-run,
-the parts on disk stay readable and ``recover_run`` merges them, so a crash loses at most one
-flush interval (and the rows of sessions still in the system, written only at close).
+Rows are buffered in columns and written every ``flush_interval_s`` of run time, appended as
+one more record batch to an Arrow IPC stream per table under ``<run>/.parts/``
+(``<table>-stream.arrows``: a third of the cost of a new file per flush, and only ever read to
+recover a run); closing the run merges them into ``turns.parquet``, ``samples.parquet`` and
+``sessions.parquet``. If the process dies mid-run, ``recover_runs`` merges the batches on disk
+(a batch cut short by the crash is dropped), so a crash loses at most one flush interval (and the
+rows of sessions still in the system, written only at close).
 """
 
 from __future__ import annotations
@@ -97,8 +98,10 @@ TABLES = {"turns": TURN_SCHEMA, "samples": SAMPLE_SCHEMA, "sessions": SESSION_SC
 # written only by the runs that have rows for them (no empty file in every other run)
 OPTIONAL_TABLES = {"replica_samples": REPLICA_SAMPLE_SCHEMA}
 PARTS_DIR = ".parts"
-# a part file's suffixes: Arrow IPC, and Parquet in the parts of runs written before IPC parts
-PART_SUFFIXES = (".arrow", ".parquet")
+# a part file's suffixes: an Arrow IPC stream per table, and the parts of runs written by earlier
+# versions: an Arrow IPC file or a Parquet file per table per flush (``<table>-NNNNN.arrow``)
+STREAM_SUFFIX = ".arrows"
+PART_SUFFIXES = (STREAM_SUFFIX, ".arrow", ".parquet")
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -240,11 +243,11 @@ class RunRecorder:
         else:
             self._parts = self.run_dir / PARTS_DIR
             self._parts.mkdir(parents=True, exist_ok=True)
-        self._num_parts = {name: 0 for name in (*TABLES, *OPTIONAL_TABLES)}
         # the parts written so far, kept so that closing merges them without reading them back
         self._written: dict[str, list[pa.Table]] = {name: [] for name in (*TABLES, *OPTIONAL_TABLES)}
         self._writer = writer
         self._writes: list[Future] = []
+        self._streams: dict[str, tuple] = {}  # table -> (file, IPC stream writer), from its first flush
         # ``replica_columns``: turns get DEPLOYMENT_TURN_FIELDS (a run on a deployment)
         self.replica_columns = replica_columns
         turn_schema = DEPLOYMENT_TURN_SCHEMA if replica_columns else TURN_SCHEMA
@@ -377,15 +380,12 @@ class RunRecorder:
             if len(columns) and self._in_memory is not None:
                 self._in_memory[name].append(columns.take())
             elif len(columns):
-                index = self._num_parts[name]
-                self._num_parts[name] += 1
-                path = self._parts / f"{name}-{index:05d}.arrow"
                 table = columns.take()
                 self._written[name].append(table)
                 if self._writer is None:
-                    _write_part(table, path)
+                    _append_part(self._streams, self._parts, name, table)
                 else:
-                    self._writes.append(self._writer.submit(_write_part, table, path))
+                    self._writes.append(self._writer.submit(_append_part, self._streams, self._parts, name, table))
 
     def _raise_failed_writes(self, wait: bool) -> None:
         pending = []
@@ -403,10 +403,23 @@ class RunRecorder:
         for row in self._root_rows.values():  # trees that had not ended: their root's row, no finish
             self._sessions.append(row + (None, None))
         self._root_rows.clear()
-        self.flush()
-        self._raise_failed_writes(wait=True)
+        self.stop()
         if self.run_dir is not None:
             merge_parts(self.run_dir, self._written)
+
+    def stop(self) -> None:
+        """Write what is buffered and close the part files, without merging them: what a run
+        that failed or was interrupted leaves for recovery (``close`` also merges)."""
+        self.flush()
+        try:
+            self._raise_failed_writes(wait=True)
+        finally:
+            streams, self._streams = self._streams, {}
+            for sink, writer in streams.values():
+                try:
+                    writer.close()
+                finally:
+                    sink.close()
 
     def tables(self) -> dict[str, pa.Table]:
         """An in-memory recorder's rows so far: turns, samples and sessions as written to disk."""
@@ -435,11 +448,19 @@ def warm_up() -> None:
     pa.array([0])
 
 
-def _write_part(table: pa.Table, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    os.replace(tmp, path)
+def stream_name(table: str) -> str:
+    """The file of ``.parts/`` that table ``table``'s flushes append to."""
+    return f"{table}-stream{STREAM_SUFFIX}"
+
+
+def _append_part(streams: dict, parts_dir: Path, name: str, table: pa.Table) -> None:
+    """One flush of table ``name``: a record batch more on its stream (opened at its first).
+    The file is unbuffered: each batch is in the file once this returns."""
+    stream = streams.get(name)
+    if stream is None:
+        sink = pa.OSFile(str(parts_dir / stream_name(name)), "wb")
+        stream = streams[name] = (sink, ipc.new_stream(sink, table.schema))
+    stream[1].write_table(table)
 
 
 def part_files(parts_dir: Path, name: Optional[str] = None) -> list[Path]:
@@ -454,11 +475,33 @@ def _part_order(path: Path) -> tuple:
     return (table, int(index) if index.isdigit() else -1, path.suffix)
 
 
-def _read_part(path: Path) -> pa.Table:
+def _read_part(path: Path) -> Optional[pa.Table]:
+    """A part's rows; None for a stream its run never wrote a whole schema to."""
     if path.suffix == ".parquet":
         return pq.read_table(path)
+    if path.suffix == STREAM_SUFFIX:
+        return _read_stream(path)
     with pa.OSFile(str(path), "rb") as source:
         return ipc.open_file(source).read_all()
+
+
+def _read_stream(path: Path) -> Optional[pa.Table]:
+    """The whole record batches of a stream part: the one a crash cut short is dropped (a stream
+    whose run died has no end-of-stream marker either). A schema that cannot be read is an error,
+    unless the file is empty (the run died as it opened it)."""
+    if path.stat().st_size == 0:
+        return None
+    with pa.OSFile(str(path), "rb") as source:
+        reader = ipc.open_stream(source)
+        batches = []
+        while True:
+            try:
+                batches.append(reader.read_next_batch())
+            except StopIteration:
+                break
+            except (pa.ArrowInvalid, OSError, EOFError):
+                break  # the batch being written when the process died
+        return pa.Table.from_batches(batches, reader.schema)
 
 
 def merge_parts(run_dir: Path, written: Optional[dict[str, list[pa.Table]]] = None) -> bool:
@@ -476,12 +519,13 @@ def merge_parts(run_dir: Path, written: Optional[dict[str, list[pa.Table]]] = No
         final = run_dir / f"{name}.parquet"
         if name in OPTIONAL_TABLES and not parts:
             continue
-        if written is not None and not final.exists() and len(written.get(name, ())) == len(parts):
+        ours = [stream_name(name)] if written is not None and written.get(name) else []
+        if written is not None and not final.exists() and [p.name for p in parts] == ours:
             tables = list(written[name])
         else:
             if final.exists() and parts:
                 tables.append(pq.read_table(final))
-            tables += [_read_part(p) for p in parts]
+            tables += [t for t in (_read_part(p) for p in parts) if t is not None]
         if tables or not final.exists():
             table = pa.concat_tables(tables) if tables else schema.empty_table()
             tmp = final.with_name(final.name + ".tmp")

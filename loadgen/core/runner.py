@@ -94,7 +94,7 @@ def run_simulated(spec: ExperimentSpec, key: RunKey, out_dir: Path, spec_dir: Op
         counts = simulate(spec, key, recorder, spec_dir, replicate)
         recorder.close()
     except BaseException as exc:
-        recorder.flush()
+        recorder.stop()
         if isinstance(exc, KeyboardInterrupt):  # Ctrl-C is not the run's failure: running again redoes it
             info.update(status="interrupted", error=INTERRUPTED)
         else:
