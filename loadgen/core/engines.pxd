@@ -18,7 +18,6 @@ cdef class TurnRequest:
     cdef readonly object parent_session_id
     cdef readonly object inherited_tokens
 
-    cpdef tuple _key(self)
 
 
 cdef class TurnResult:
@@ -39,7 +38,6 @@ cdef class TurnResult:
     cdef readonly object miss_routing_tokens
     cdef readonly object miss_eviction_tokens
 
-    cpdef tuple _key(self)
 
 
 cdef class SimEngineClient:

@@ -8,7 +8,7 @@ completion) it runs its steps up to that moment and arms one timer for its next 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Awaitable, Callable, Hashable, Optional, Protocol, Union
 
 from .clock import Clock
@@ -26,6 +26,16 @@ NAN = float("nan")
 # as a dataclass does (equal records holding the same NaN object are equal), where Cython's own
 # would compare field by field (NaN != NaN). An assignment to a field raises AttributeError in
 # both builds (a FrozenInstanceError, its subclass, in pure Python).
+
+
+def _field_values(record) -> tuple:
+    return tuple([getattr(record, f.name) for f in fields(record)])
+
+
+def _same_fields(record, other):
+    if other.__class__ is not record.__class__:
+        return NotImplemented
+    return _field_values(record) == _field_values(other)
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,18 +56,11 @@ class TurnRequest:
     parent_session_id: Optional[int] = None
     inherited_tokens: int = 0
 
-    def _key(self) -> tuple:
-        return (self.session_id, self.turn_index, self.prompt_tokens, self.max_tokens, self.shared_prefix_tokens,
-                self.prefix_key, self.token_ids, self.prompt_content, self.final, self.parent_session_id,
-                self.inherited_tokens)
-
     def __eq__(self, other):
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return self._key() == other._key()
+        return _same_fields(self, other)
 
     def __hash__(self):
-        return hash(self._key())
+        return hash(_field_values(self))
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,19 +85,11 @@ class TurnResult:
     miss_routing_tokens: Optional[int] = None
     miss_eviction_tokens: Optional[int] = None
 
-    def _key(self) -> tuple:
-        return (self.submitted_s, self.first_token_s, self.finish_s, self.prompt_tokens, self.cached_tokens,
-                self.output_tokens, self.num_preemptions, self.error, self.output_token_ids, self.inter_token_gaps_s,
-                self.itl_mean_s, self.itl_max_s, self.output_text, self.replica, self.miss_routing_tokens,
-                self.miss_eviction_tokens)
-
     def __eq__(self, other):
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return self._key() == other._key()
+        return _same_fields(self, other)
 
     def __hash__(self):
-        return hash(self._key())
+        return hash(_field_values(self))
 
 
 @dataclass(frozen=True)
