@@ -19,7 +19,6 @@ cdef class TurnRequest:
     cdef readonly object inherited_tokens
 
 
-
 cdef class TurnResult:
     cdef readonly object submitted_s
     cdef readonly object first_token_s
@@ -37,7 +36,6 @@ cdef class TurnResult:
     cdef readonly object replica
     cdef readonly object miss_routing_tokens
     cdef readonly object miss_eviction_tokens
-
 
 
 cdef class SimEngineClient:

@@ -476,7 +476,7 @@ def _part_order(path: Path) -> tuple:
 
 
 def _read_part(path: Path) -> Optional[pa.Table]:
-    """A part's rows; None for a stream its run never wrote a whole schema to."""
+    """A part's rows; None for an empty stream (its run died as it opened it)."""
     if path.suffix == ".parquet":
         return pq.read_table(path)
     if path.suffix == STREAM_SUFFIX:

@@ -47,5 +47,5 @@ cdef class StepMachine:
     cpdef long _stretch_len(self, double start_s, object limit_s, tuple bounds) except -1
     @cython.locals(alpha=double, beta=double, budget=double, b1=double, root=double, i=long)
     cpdef long _steps_starting_by(self, double start_s, double limit_s, long num_steps, bint strict) except -1
-    @cython.locals(steps=list, gaps=list, keep=Py_ssize_t, last_s=double)
+    @cython.locals(steps=list, gaps=list, last_s=double)
     cpdef _push_gap(self, long first_step, double longest_s)

@@ -214,12 +214,10 @@ class StepMachine:
     # ------------------------------------------------------------------ per-token gaps
     def _push_gap(self, first_step: int, longest_s: float) -> None:
         steps, gaps = self._gap_steps, self._gap_max_s
-        keep = len(gaps)
-        while keep:
-            last_s = gaps[keep - 1]  # compiled, a C double: no float object per comparison
+        while gaps:
+            last_s = gaps[-1]  # compiled, a C double: no float object per comparison
             if not last_s <= longest_s:
                 break
-            keep -= 1
             # one or two entries at a time: compiled, a pop is a pointer move, a slice deletion
             # builds a slice object and a length
             gaps.pop()
