@@ -129,7 +129,9 @@ class SimEngineClient:
         self._timer = None
         self._armed_at: Optional[float] = None
         self._seq = 0
-        self.placer = None  # where a session tree's requests run (set by loadgen/core/tree_engines.py)
+        # where a session tree's or a replay's requests run (loadgen/core/tree_engines.py, replay.py):
+        # streams(request) -> (prefix, stream, None or a callback for the turn's future when it resolves)
+        self.placer = None
 
     def generate(self, request: TurnRequest, on_first_token: Optional[Callable[[float], None]] = None):
         """Run one turn: an awaitable of its ``TurnResult``, the clock's future, which the engine
@@ -142,8 +144,9 @@ class SimEngineClient:
         if reason is not None:
             fut.set_result(TurnResult(now, NAN, now, request.prompt_tokens, 0, 0, error=reason))
             return fut
-        if self.placer is not None:  # a session tree's (loadgen/core/tree_engines.py)
-            prefix, stream = self.placer.streams(request)
+        left = None
+        if self.placer is not None:  # a session tree's (loadgen/core/tree_engines.py) or a replay's (replay.py)
+            prefix, stream, left = self.placer.streams(request)
         else:
             prefix = (engine.prefix_stream(request.prefix_key, request.shared_prefix_tokens)
                       if request.shared_prefix_tokens >= engine.block_size else None)
@@ -154,6 +157,8 @@ class SimEngineClient:
         if on_first_token is not None:
             req.on_first_token = lambda r: on_first_token(r.first_token_s)
         engine.submit(req, now)
+        if left is not None:  # the placer learns when the request leaves the engine
+            fut.add_done_callback(left)
         self._rearm()
         return fut
 

@@ -24,6 +24,7 @@ from .deployment import DeploymentClient
 from .engines import SimEngineClient
 from .gateway import Gateway
 from .recording import RunRecorder, merge_parts, write_json_atomic
+from .replay import attach_replay_placers
 from .program_gate import ProgramGate, UsageTap
 from .replica_gates import ReplicaGates
 from .session import RunEnv, run_session
@@ -132,6 +133,9 @@ def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir:
     else:
         gateway = Gateway(clock, policy, engine.pool_tokens, ctl.start_s)
     env = RunEnv(clock, engine, gateway, recorder)
+    replay = spec.workload.replay
+    if replay is not None:  # recorded prompts onto the engines by their content (replay.py)
+        attach_replay_placers(engine)
     if any(plan.tree is not None for plan in plans):
         env.trees = start_trees(env, plans, lambda plan: _start_session(clock, plan, env), ctl.tree_policy)
 
@@ -143,11 +147,20 @@ def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir:
     clock.call_series(calls)
     clock.run(until_s=spec.duration_s)
     counts = env.counts
+    extra = {}
+    if replay is not None:
+        if replay.until_done:  # on, sampling as before, until the last request is answered
+            t = num_samples * interval
+            while counts.completed_total + counts.crashed_total < len(plans):
+                t += interval
+                clock.call_at(t, _sample, env)
+                clock.run(until_s=t)
+        extra = {"sessions_planned": len(plans), "ended_s": counts.last_ended_s}
     return {
         "sessions_arrived": counts.arrived_total, "sessions_completed": counts.completed_total,
         "turns_completed": recorder.turns_completed,
         "engine_steps": engine.num_steps, "engine_preemptions": engine.num_preemptions,
-        "flush_times_s": engine.flush_times_s}
+        "flush_times_s": engine.flush_times_s, **extra}
 
 
 def make_engine(clock: VirtualClock, engine_spec: SimEngineSpec, key: RunKey, cost: StepCostModel):

@@ -33,6 +33,7 @@ class SessionCounts:
     completed_total: int = 0
     demand_tokens: int = 0  # D over every session in the system
     crashed_total: int = 0  # sessions whose task raised (run_session_recording_crashes)
+    last_ended_s: float = 0.0  # when the latest session ended (a replay's run ends then)
 
 
 class TokenIds(list):
@@ -200,7 +201,9 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
         context = shape.initial_tokens
         demand = context + shape.output_tokens[0]
         tokens = None
-        if engine.needs_token_ids:
+        replay = plan.replay  # a replayed trace's session: its own prompts and send times (replay.py)
+        replay_ids = None
+        if engine.needs_token_ids and replay is None:
             if plan.token_key is None:
                 raise ValueError(f"session {sid}: a live run needs plans from plan_sessions (their token_key)")
             ready = env.ready_contexts.pop(sid, None)
@@ -257,13 +260,18 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
                     progress.counted_as = None
             admit = clock.now()
             output = output_tokens[k]
+            if replay is not None:
+                replay_ids = replay.prompt_ids(k)
             request = TurnRequest(sid, k, context, output, shared_prefix_tokens, prefix_key,  # all positional: cheaper
-                                  tokens.ids if tokens is not None else None,
+                                  tokens.ids if tokens is not None else replay_ids,
                                   tokens.content if tokens is not None else None, k == num_turns - 1,
                                   node.parent_id if node is not None else None,
                                   node.fork_tokens if node is not None else 0)
-            cacheable = max(held_tokens, shared_prefix_tokens if prefix in sent_prefixes else 0)
-            sent_prefixes.add(prefix)
+            if replay is None:
+                cacheable = max(held_tokens, shared_prefix_tokens if prefix in sent_prefixes else 0)
+                sent_prefixes.add(prefix)
+            else:  # what any earlier request of the run sent
+                cacheable = replay.run.cacheable_tokens(replay_ids)
             if node is not None and node.tree.parallel:  # more calls over this prompt, sent with it
                 env.trees.send_parallel(node, k, context)
             attempt = 0
@@ -293,6 +301,8 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
                 await clock.sleep(env.retry.delay_s(attempt))
             if result.error is not None:
                 break  # the session cannot continue without this turn's output
+            if replay is not None:
+                replay.answered(k, replay_ids, result.output_token_ids)
             # the engine's service time of the attempt that answered: what the gateway's policy reads
             gateway.turn_completed(sid, result.finish_s - sent)
             # a tree's turn starts its branches; the next may wait for them and append their results
@@ -307,7 +317,8 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
             new_demand = context + output_tokens[k + 1]
             counts.demand_tokens += new_demand - demand
             demand = progress.demand_tokens = new_demand
-            think = think_times_s[k]
+            # a replayed turn goes at its recorded time, or now if the answer came later
+            think = think_times_s[k] if replay is None else replay.send_at_s[k + 1] - clock.now()
             if tokens is not None:
                 # building the tool output is the tool's time: it comes out of the think time
                 # (a text context may count tokens with the server's /tokenize)
@@ -330,6 +341,7 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
         counts.demand_tokens -= demand
         progress.demand_tokens = None
         counts.completed_total += 1
+        counts.last_ended_s = clock.now()
     except Exception:
         counts = env.counts
         if progress.demand_tokens is not None:

@@ -38,9 +38,9 @@ class VllmTreePlacer:
         self.trees = trees
         self._own: dict[int, Stream] = {}  # session id -> its own stream (the tail of its chain)
 
-    def streams(self, request: TurnRequest) -> tuple[Optional[Stream], Stream]:
+    def streams(self, request: TurnRequest) -> tuple[Optional[Stream], Stream, None]:
         own = self._own_stream(request.session_id)
-        return own.parent, own
+        return own.parent, own, None
 
     def _own_stream(self, session_id: int) -> Stream:
         own = self._own.get(session_id)
@@ -79,12 +79,12 @@ class SGLangTreePlacer:
         self.trees = trees
         self._own: dict[int, Stream] = {}
 
-    def streams(self, request: TurnRequest) -> tuple[None, Stream]:
+    def streams(self, request: TurnRequest) -> tuple[None, Stream, None]:
         own = self._own.get(request.session_id)
         if own is None:
             chain = Chain(self.trees.get(request.session_id).segments(), self.engine.config.page_size)
             own = self._own[request.session_id] = self.engine.stream(chain, 0)
-        return None, own
+        return None, own, None
 
 
 def attach_placers(engine_client, trees: TreeRuntime) -> None:

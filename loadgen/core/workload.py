@@ -30,6 +30,7 @@ import numpy as np
 
 from trace_shapes import GeneratedReplay, SessionShape, SyntheticSessions, TraceReplay, Tree
 
+from .replay import ReplayRun, ReplaySession
 from .seeding import KeyedSeed
 from .spec import (ArmSpec, BurstTrigger, ExperimentSpec, ExtraSessionsTrigger, MixShiftTrigger,
                    RateChangeTrigger, SessionSpec, SyntheticSessionSpec, TreeSessionSpec, build_session_model)
@@ -53,6 +54,8 @@ class Stream(enum.Enum):
     ROUTER = ("router", 2)  # (seed, arm): a deployment's router (ties, random picks)
     CALIBRATION_BOOTSTRAP = ("calibration-bootstrap", 1)  # (seed,)
     STEP_JITTER = ("step-jitter", 4)  # (seed, arm, replicate, replica)
+    REPLAY_BLOCK = ("replay-block", 3)  # (seed, arm, hash id): a replayed hash id's tokens
+    REPLAY_TOKENS = ("replay-tokens", 3)  # (seed, arm, row): a replayed row's own tokens (-row: its answer's)
 
     def __init__(self, tag: str, arity: int) -> None:
         self.tag = tag
@@ -117,6 +120,8 @@ class SessionPlan:
     token_key: Optional[tuple[int, str]] = field(default=None, compare=False)
     # a session tree's session (loadgen/core/tree_runtime.py): its subtree, whose node is ``shape``
     tree: Optional[Tree] = None
+    # a replayed trace's session (loadgen/core/replay.py): its turns' send times and prompts
+    replay: Optional[ReplaySession] = field(default=None, compare=False)
 
 
 def _plan(session_id: int, arrival_s: float, drawn: Union[SessionShape, Tree], **kw) -> SessionPlan:
@@ -217,6 +222,8 @@ def piecewise_poisson_arrivals(segments: list[tuple[float, float]], end_s: float
 def plan_sessions(spec: ExperimentSpec, arm: ArmSpec, seed: int) -> list[SessionPlan]:
     """Every session of one run, in arrival order."""
     workload = spec.workload
+    if workload.replay is not None:
+        return replay_plans(spec, arm, seed)
     duration = spec.duration_s
     segments = [(0.0, workload.arrival_rate_per_s)]
     shift_at, shift_model = math.inf, None
@@ -256,3 +263,20 @@ def _shape_streams(model: ShapeModel, shift_model: Optional[ShapeModel],
     """A stream's shapes before and after a mix shift (None when there is none). Both use the
     same keys: session i arrives either before or after the shift, so it draws from one only."""
     return ShapeStream(model, keys), (ShapeStream(shift_model, keys) if shift_model is not None else None)
+
+
+def replay_plans(spec: ExperimentSpec, arm: ArmSpec, seed: int) -> list[SessionPlan]:
+    """A replayed trace's sessions (loadgen/core/replay.py): one per recorded session, at its first
+    request's time / speed; the seed draws only the ids the trace does not record."""
+    from .runner import prefix_cache_block_size  # the runner imports this module
+
+    replay = spec.workload.replay
+    run = ReplayRun(replay.trace(), seed, arm.name, replay.speed,
+                    prefix_cache_block_size(spec.engine_for(arm)) or 16)
+    plans = []
+    for i, requests in enumerate(run.trace.sessions()):
+        session = ReplaySession(run, requests)
+        plans.append(SessionPlan(i, session.send_at_s[0], session.shape(), token_key=(seed, arm.name),
+                                 replay=session))
+    plans.sort(key=lambda p: (p.arrival_s, p.session_id))
+    return plans

@@ -133,7 +133,9 @@ def _one_seed(value: Any) -> int:
 class ExperimentSpec(_Model):
     experiment: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Experiment name.")
     description: str = ""
-    duration_s: float = Field(..., gt=0, description="Run length.")
+    duration_s: Optional[float] = Field(
+        None, gt=0, description="Run length; required unless the workload replays a trace (its run then ends when "
+                                "the last request completes).")
     seeds: list[int] = Field(..., min_length=1, description="Each seed fixes one base arrival stream.")
     engine: EngineSpec = Field(default_factory=SimEngineSpec)
     workload: WorkloadSpec
@@ -152,6 +154,26 @@ class ExperimentSpec(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> "ExperimentSpec":
+        replay = self.workload.replay
+        if self.duration_s is None:
+            if replay is None:
+                raise ValueError("duration_s: missing (the run length: duration_s or duration_min)")
+            # a frozen model: the derived fields are set once, here, before anything reads them
+            object.__setattr__(self, "duration_s", max(replay.span_s(), 1e-3))
+            if replay.until_done is None:
+                object.__setattr__(replay, "until_done", True)
+        elif replay is not None and replay.until_done is None:
+            object.__setattr__(replay, "until_done", False)
+        if replay is not None:
+            for i, arm in enumerate(self.arms):
+                engine = self._engine_or_none(arm)
+                if isinstance(engine, SimEngineSpec) and engine.flavor != "sglang" and engine.offload is not None:
+                    raise ValueError("engine.offload: a trace replay is not modelled with the CPU offload tier yet")
+                for j, trig in enumerate(arm.triggers):
+                    if trig.kind != "flush":
+                        raise ValueError(f"arms[{i}].triggers[{j}]: a {trig.kind} trigger changes drawn arrivals or "
+                                         "sessions, and a replay draws none (the trace gives every request); only "
+                                         "flush triggers go with replay")
         via = getattr(self.engine, "gateway", None)
         if via is not None and via.controller is not None:
             try:
@@ -200,7 +222,7 @@ class ExperimentSpec(_Model):
                     where = ".".join(str(x) for x in err["loc"])
                     raise ValueError(f"arms[{i}].engine.{where}: {err['msg']}") from None
         _check_trees(self)
-        if isinstance(self.engine, SimEngineSpec):
+        if isinstance(self.engine, SimEngineSpec) and replay is None:  # a replayed request too long fails alone
             shapes = [self.workload.sessions] + [t.sessions for a in self.arms for t in a.triggers
                                                  if isinstance(t, MixShiftTrigger)]
             for shape in shapes:

@@ -12,6 +12,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from trace_shapes import (TREE_FORMATS, EmpiricalGaps, ExponentialGaps, GapFallback, GeneratedReplay, LoadedTrace,
                           LoadedTrees, LoaderOptions, ReplayOptions, TraceLabLikeSessions, TraceReplay, build_replay,
                           load_hf, load_swebench, load_trace, load_trees, select_models)
+from trace_shapes.timed import TimedTrace, load_timed
 from trace_shapes.tree_replay import LoadedTreeTrace, TreeReplay, build_tree_replay
 
 from .base import _Model
@@ -291,9 +292,75 @@ SessionSpec = Annotated[
 ]
 
 
+class ReplaySpec(_Model):
+    """A recorded trace on its own clock (trace_shapes/timed.py, docs/replay.md)."""
+
+    path: str = Field(..., description="The trace: JSONL, gzip JSONL (.gz) or Parquet; a relative path is relative "
+                                       "to the spec's directory.")
+    format: Optional[Literal["llmservingsim", "mooncake", "aiperf"]] = Field(
+        None, description="llmservingsim: arrival_time_ns, input_toks, output_toks, input_tok_ids; mooncake: timestamp "
+                          "(ms), input_length (the whole prompt), output_length, hash_ids, session_id; aiperf: "
+                          "AIPerf's fixed-schedule rows (mooncake's fields; a session's row records what its turn "
+                          "adds). Default: guessed from the first row.")
+    speed: float = Field(1.0, gt=0, description="Replay this many times faster than recorded (each request at its "
+                                                "recorded time / speed).")
+    block_tokens: int = Field(512, gt=0, description="Tokens per hash_ids entry (512 in Mooncake's traces).")
+    until_done: Optional[bool] = Field(
+        None, description="Run past duration until every request is answered. Default: true without a duration "
+                          "(the run ends when the last request completes), false with one (the run is cut there).")
+
+    @field_validator("path")
+    @classmethod
+    def _exists(cls, value: str, info: ValidationInfo) -> str:
+        path = _resolve(value, info)
+        if not path.is_file():
+            raise ValueError(f"no such file: {path}")
+        return str(path.resolve())
+
+    @model_validator(mode="after")
+    def _readable(self) -> "ReplaySpec":
+        try:
+            self.trace()
+        except ValueError as exc:  # TraceFormatError names the file, row and field
+            raise ValueError(f"path: {exc}") from None
+        return self
+
+    def trace(self) -> TimedTrace:
+        """The trace's requests (read once per file version)."""
+        stat = Path(self.path).stat()
+        return _cached_timed(self.path, self.format, self.block_tokens, stat.st_mtime_ns, stat.st_size)
+
+    def span_s(self) -> float:
+        """When the last request is sent (replay time)."""
+        return self.trace().span_s / self.speed
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_timed(path: str, format: Optional[str], block_tokens: int, mtime_ns: int, size: int) -> TimedTrace:
+    return load_timed(path, format, block_tokens)
+
+
 class WorkloadSpec(_Model):
-    arrival_rate_per_s: float = Field(..., gt=0, description="Base Poisson session arrival rate lambda (/s).")
-    sessions: SessionSpec = Field(default_factory=SyntheticSessionSpec, description="Shape of base sessions.")
+    arrival_rate_per_s: Optional[float] = Field(
+        None, gt=0, description="Base Poisson session arrival rate lambda (/s); not with replay.")
+    sessions: SessionSpec = Field(default_factory=SyntheticSessionSpec,
+                                  description="Shape of base sessions; not with replay.")
+    replay: Optional[ReplaySpec] = Field(
+        None, description="Replay a recorded trace on its own clock instead of drawing arrivals: {path, format, "
+                          "speed} (docs/replay.md).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "WorkloadSpec":
+        if self.replay is None:
+            if self.arrival_rate_per_s is None:
+                raise ValueError("arrival_rate_per_s: missing (the base session arrival rate, /s), or give replay: "
+                                 "{path: TRACE} to replay a trace on its own clock")
+            return self
+        if self.arrival_rate_per_s is not None:
+            raise ValueError("arrival_rate_per_s: not with replay (the trace's own times are the arrivals)")
+        if self.sessions != SyntheticSessionSpec():  # the default is what a resolved spec writes back
+            raise ValueError("sessions: not with replay (the trace gives every request its lengths)")
+        return self
 
 
 def draws_trees(sessions: SessionSpec) -> bool:
