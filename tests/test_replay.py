@@ -169,3 +169,32 @@ def test_the_example_replays_the_shipped_extract_on_its_clock(tmp_path):
     assert [t["submitted_s"] for t in by_time] == [r["arrival_time_ns"] / 1e9 for r in rows]
     assert [(t["prompt_tokens"], t["output_tokens"]) for t in by_time] == [(r["input_toks"], r["output_toks"])
                                                                            for r in rows]
+
+
+def test_a_replay_prints_vllm_bench_serve_metrics_not_the_paired_verdicts(tmp_path):
+    trace = _write(tmp_path / "t.jsonl", [
+        {"arrival_time_ns": k * 200_000_000, "input_toks": 500 + 40 * k, "output_toks": 20 + k} for k in range(12)])
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_spec(trace)))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "loadgen.cli", "run", str(spec), "--out", str(out), "--no-figures"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "Serving metrics" in proc.stdout and "TTFT" in proc.stdout and "degraded" not in proc.stdout
+    row, = json.loads((out / "summary.json").read_text())["serving_by_arm"]
+    turns = pq.read_table(out / "runs" / "replay-s1" / "turns.parquet").to_pylist()
+    ttft_ms = sorted((t["first_token_s"] - t["ready_s"]) * 1e3 for t in turns)
+    e2e_ms = [(t["finish_s"] - t["ready_s"]) * 1e3 for t in turns]
+    duration = max(t["finish_s"] for t in turns) - min(t["submitted_s"] for t in turns)
+    assert (row["num_requests"], row["completed"], row["failed"]) == (12, 12, 0)
+    assert row["mean_ttft_ms"] == pytest.approx(sum(ttft_ms) / 12)
+    assert row["p90_ttft_ms"] == pytest.approx(ttft_ms[10])  # nearest rank: the 11th of 12
+    assert row["mean_e2el_ms"] == pytest.approx(sum(e2e_ms) / 12)
+    assert row["request_throughput"] == pytest.approx(12 / duration)
+    assert row["output_throughput"] == pytest.approx(sum(t["output_tokens"] for t in turns) / duration)
+    tpot = [(t["finish_s"] - t["first_token_s"]) / (t["output_tokens"] - 1) * 1e3 for t in turns]
+    assert row["mean_tpot_ms"] == pytest.approx(sum(tpot) / 12)
+    # running, waiting and KV usage every second of the run
+    samples = pq.read_table(out / "runs" / "replay-s1" / "samples.parquet").to_pylist()
+    assert [s["t_s"] for s in samples[:4]] == [0.0, 1.0, 2.0, 3.0]
+    assert max(s["num_running"] for s in samples) > 0

@@ -18,6 +18,7 @@ from .outcomes import run_outcome
 from .paired import paired_comparisons
 from .recovery import has_control, recovery_table
 from .runs import RunData, load_run, read_run_json
+from .serving import serving_by_arm
 from .tables import table_arms
 from .uncertainty import recovery_intervals
 
@@ -114,6 +115,9 @@ def summarize(results_dir: str | os.PathLike, load: Callable[[Path], RunData] = 
         "unreadable_runs": unreadable_runs,
         "cold_turn_fit": fit,
     }
+    serving = serving_by_arm(completed, arms)  # only for replayed traces (loadgen.analysis.serving)
+    if serving is not None:
+        summary["serving_by_arm"] = serving
     trees = trees_by_arm(completed, arms)  # only for runs of session trees (loadgen.analysis.trees)
     if trees is not None:
         summary["trees_by_arm"] = trees

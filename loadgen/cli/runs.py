@@ -277,16 +277,26 @@ def _report(out: Path, console, figures: bool = True, num_workers: int = 1) -> l
         summary = write_summary(out, load)
     except ResultsError as exc:
         raise SpecError(str(exc)) from None
-    print(format_outcome_table(summary), flush=True)
-    recovery = format_recovery_table(summary)  # only when some arm has a controller or a control start
-    if recovery:
-        print("\n" + recovery, flush=True)
     from ..analysis.latency import format_latency_table
+    from ..analysis.serving import format_serving_table
     from ..analysis.windows_table import write_missing_windows
 
-    latency = format_latency_table(summary)
-    if latency:
-        print("\n" + latency, flush=True)
+    serving = format_serving_table(summary)  # a replayed trace: an open-loop benchmark's table
+    if serving:
+        # the paired table's verdicts (degraded, hit ratio over the last 10 minutes) judge long
+        # closed-loop runs; on a replay they would say nothing true
+        from ..analysis.ideal import ideal_hit_lines
+        from ..analysis.tables import table_arms
+
+        print("\n".join([serving, *ideal_hit_lines(summary, table_arms(summary))]), flush=True)
+    else:
+        print(format_outcome_table(summary), flush=True)
+        recovery = format_recovery_table(summary)  # only when some arm has a controller or a control start
+        if recovery:
+            print("\n" + recovery, flush=True)
+        latency = format_latency_table(summary)
+        if latency:
+            print("\n" + latency, flush=True)
     from ..analysis.trees import format_trees_table
 
     trees = format_trees_table(summary)  # only for runs of session trees

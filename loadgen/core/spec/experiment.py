@@ -165,6 +165,9 @@ class ExperimentSpec(_Model):
         elif replay is not None and replay.until_done is None:
             object.__setattr__(replay, "until_done", False)
         if replay is not None:
+            if "sample_interval_s" not in self.recording.model_fields_set:
+                # a replay is seconds to minutes long: sampled every second, as vLLM logs its gauges
+                object.__setattr__(self.recording, "sample_interval_s", 1.0)
             for i, arm in enumerate(self.arms):
                 engine = self._engine_or_none(arm)
                 if isinstance(engine, SimEngineSpec) and engine.flavor != "sglang" and engine.offload is not None:

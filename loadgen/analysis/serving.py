@@ -1,0 +1,129 @@
+"""What a serving engineer reads for an open-loop run (a replayed trace, docs/replay.md), named as
+``vllm bench serve`` names it: request count, mean / median / p90 / p99 of TTFT, TPOT, ITL and E2E
+latency (ms), request and token throughput.
+
+Per successful request (turns.parquet; a retried request counts from its first attempt):
+
+- TTFT: first_token_s - ready_s (ready: when the request was due; the send, unless a gateway held it);
+- TPOT: (finish_s - first_token_s) / (output_tokens - 1), requests of two or more output tokens;
+- ITL: the gaps between consecutive tokens. turns.parquet keeps each request's mean gap, not every
+  gap, so the mean over all gaps is exact (each request's mean weighted by its number of gaps) and
+  its percentiles are left out (null), not guessed;
+- E2E: finish_s - ready_s.
+
+Throughput is over the benchmark's duration, from the first request's send to the last answer
+(vllm bench serve's ``duration``). Percentiles are nearest-rank, as in loadgen/analysis/latency.py.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .attempts import turn_of_row
+from .latency import nearest_rank
+from .runs import RunData, float_column, json_float, success_mask
+
+
+def is_replay(run_json: dict) -> bool:
+    spec = run_json.get("spec")
+    workload = spec.get("workload") if isinstance(spec, dict) else None
+    return isinstance(workload, dict) and workload.get("replay") is not None
+
+
+def _stats(name: str, values_s: np.ndarray, percentiles: bool = True) -> dict:
+    ms = values_s[np.isfinite(values_s)] * 1e3
+    out = {f"mean_{name}_ms": json_float(float(ms.mean())) if len(ms) else None}
+    for key, q in (("median", 0.5), ("p90", 0.9), ("p99", 0.99)):
+        out[f"{key}_{name}_ms"] = json_float(nearest_rank(ms, q)) if percentiles and len(ms) else None
+    return out
+
+
+def _request_rows(run: RunData) -> dict:
+    """Per request (the last attempt of each turn), its times and lengths."""
+    turns = run.turns
+    n = turns.num_rows
+    if n == 0:
+        return {k: np.zeros(0) for k in ("ready", "sent", "first", "finish", "prompt", "output", "itl", "ok")}
+    turn = turn_of_row(turns)
+    ok = success_mask(turns)
+    ready = float_column(turns, "ready_s")
+    sent = float_column(turns, "submitted_s") if "submitted_s" in turns.column_names else ready
+    # a retried request: the first attempt's send, the answering attempt's times
+    first_sent = np.full(int(turn.max()) + 1, np.inf)
+    np.minimum.at(first_sent, turn, sent)
+    keep = ok
+    return {"ready": ready[keep], "sent": first_sent[turn][keep], "first": float_column(turns, "first_token_s")[keep],
+            "finish": float_column(turns, "finish_s")[keep], "prompt": float_column(turns, "prompt_tokens")[keep],
+            "output": float_column(turns, "output_tokens")[keep], "itl": float_column(turns, "itl_mean_s")[keep],
+            "num_requests": int(turn.max()) + 1}
+
+
+def serving_metrics(runs: Sequence[RunData]) -> dict:
+    """The vllm-bench-serve fields over ``runs`` pooled (their requests together; durations summed)."""
+    parts = [_request_rows(run) for run in runs]
+    cat = {k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0)
+           for k in ("ready", "sent", "first", "finish", "prompt", "output", "itl")}
+    num_requests = sum(p.get("num_requests", 0) for p in parts)
+    duration = sum(float(p["finish"].max() - p["sent"].min()) for p in parts if len(p["finish"]))
+    output = cat["output"]
+    gaps = np.maximum(output - 1, 0)
+    tpot = np.where(output > 1, (cat["finish"] - cat["first"]) / np.maximum(gaps, 1), np.nan)
+    itl_ok = np.isfinite(cat["itl"]) & (gaps > 0)
+    mean_itl = float((cat["itl"][itl_ok] * gaps[itl_ok]).sum() / gaps[itl_ok].sum()) if itl_ok.any() else None
+    completed = len(output)
+    out = {
+        "num_requests": num_requests, "completed": completed, "failed": num_requests - completed,
+        "duration_s": json_float(duration) if completed else None,
+        "total_input_tokens": int(cat["prompt"].sum()), "total_output_tokens": int(output.sum()),
+        "request_throughput": json_float(completed / duration) if duration > 0 else None,
+        "output_throughput": json_float(output.sum() / duration) if duration > 0 else None,
+        "total_token_throughput": json_float((cat["prompt"].sum() + output.sum()) / duration) if duration > 0 else None,
+    }
+    out.update(_stats("ttft", cat["first"] - cat["ready"]))
+    out.update(_stats("tpot", tpot))
+    out.update(_stats("itl", np.zeros(0), percentiles=False))
+    out["mean_itl_ms"] = json_float(mean_itl * 1e3) if mean_itl is not None else None
+    out.update(_stats("e2el", cat["finish"] - cat["ready"]))
+    return out
+
+
+def serving_by_arm(runs: Sequence[RunData], arms: Sequence[str]) -> Optional[list[dict]]:
+    """Per arm, the serving metrics of its replayed runs; None when no run replays a trace."""
+    replays = [r for r in runs if is_replay(r.run_json)]
+    if not replays:
+        return None
+    rows = []
+    for arm in arms:
+        mine = [r for r in replays if r.run_json.get("arm") == arm]
+        if mine:
+            rows.append({"arm": arm, "num_runs": len(mine), **serving_metrics(mine)})
+    return rows
+
+
+def format_serving_table(summary: dict) -> Optional[str]:
+    """summary.json's ``serving_by_arm`` as text, one block of lines per arm."""
+    rows = summary.get("serving_by_arm")
+    if not rows:
+        return None
+
+    def ms(value: Optional[float]) -> str:
+        return "-" if value is None else f"{value:,.1f}"
+
+    lines = [f"Serving metrics: experiment {summary.get('experiment')} (vllm bench serve's names; ms)"]
+    for row in rows:
+        dur = row["duration_s"]
+        lines.append(f"arm {row['arm']} ({row['num_runs']} run{'s' if row['num_runs'] != 1 else ''}): "
+                     f"{row['completed']}/{row['num_requests']} requests completed ({row['failed']} failed) in "
+                     f"{'-' if dur is None else f'{dur:.2f}'} s; request throughput "
+                     f"{'-' if row['request_throughput'] is None else format(row['request_throughput'], '.2f')} req/s, "
+                     f"output {'-' if row['output_throughput'] is None else format(row['output_throughput'], ',.0f')} "
+                     f"tok/s, total {'-' if row['total_token_throughput'] is None else format(row['total_token_throughput'], ',.0f')} tok/s")
+        lines.append(f"  {'':6}{'mean':>10}{'median':>10}{'p90':>10}{'p99':>10}")
+        for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E")):
+            lines.append(f"  {label:6}" + "".join(f"{ms(row[f'{k}_{name}_ms']):>10}"
+                                                   for k in ("mean", "median", "p90", "p99")))
+    lines.append("TTFT and E2E from when each request was due (its recorded time / speed, or its session's "
+                 "previous answer);\n  ITL percentiles need every token gap, which turns.parquet does not keep (-).")
+    return "\n".join(lines)
