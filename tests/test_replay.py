@@ -194,6 +194,7 @@ def test_a_replay_prints_vllm_bench_serve_metrics_not_the_paired_verdicts(tmp_pa
     assert row["output_throughput"] == pytest.approx(sum(t["output_tokens"] for t in turns) / duration)
     tpot = [(t["finish_s"] - t["first_token_s"]) / (t["output_tokens"] - 1) * 1e3 for t in turns]
     assert row["mean_tpot_ms"] == pytest.approx(sum(tpot) / 12)
+    assert row["max_abs_send_lateness_ms"] == pytest.approx(0.0, abs=1e-9)  # virtual time sends exactly on time
     # running, waiting and KV usage every second of the run
     samples = pq.read_table(out / "runs" / "replay-s1" / "samples.parquet").to_pylist()
     assert [s["t_s"] for s in samples[:4]] == [0.0, 1.0, 2.0, 3.0]

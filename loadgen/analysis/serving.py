@@ -13,6 +13,7 @@ Per successful request (turns.parquet; a retried request counts from its first a
 
 Throughput is over the benchmark's duration, from the first request's send to the last answer
 (vllm bench serve's ``duration``). Percentiles are nearest-rank, as in loadgen/analysis/latency.py.
+Send lateness: each request's send minus when it was due (``send_lateness_s``), read back from the trace.
 """
 
 from __future__ import annotations
@@ -89,6 +90,43 @@ def serving_metrics(runs: Sequence[RunData]) -> dict:
     return out
 
 
+def send_lateness_s(run: RunData) -> Optional[np.ndarray]:
+    """Per request of a replayed run, how late it was sent: its send time (first attempt) minus when
+    it was due (its recorded time / speed; a session's later turn, no earlier than its previous
+    answer). None when the trace cannot be read again (moved or edited since the run)."""
+    from trace_shapes.timed import load_timed
+
+    replay = run.run_json["spec"]["workload"]["replay"]
+    try:
+        sessions = load_timed(replay["path"], replay.get("format"), replay.get("block_tokens", 512)).sessions()
+    except (OSError, ValueError):
+        return None
+    speed = float(replay.get("speed", 1.0))
+    turns = run.turns
+    if turns.num_rows == 0:
+        return np.zeros(0)
+    sid = turns.column("session_id").to_pylist()
+    k = turns.column("turn_index").to_pylist()
+    sent = turns.column("submitted_s").to_pylist()
+    finish = turns.column("finish_s").to_pylist()
+    errors = turns.column("error").to_pylist()
+    first_sent: dict = {}
+    answered: dict = {}
+    for s, t, x, f, e in zip(sid, k, sent, finish, errors):
+        first_sent[(s, t)] = min(x, first_sent.get((s, t), x))
+        if e is None:
+            answered[(s, t)] = f
+    late = []
+    for (s, t), x in first_sent.items():
+        if s >= len(sessions) or t >= len(sessions[s]):
+            return None  # not this trace's requests
+        due = sessions[s][t].t_s / speed
+        if t:
+            due = max(due, answered.get((s, t - 1), due))
+        late.append(x - due)
+    return np.asarray(late, dtype=float)
+
+
 def serving_by_arm(runs: Sequence[RunData], arms: Sequence[str]) -> Optional[list[dict]]:
     """Per arm, the serving metrics of its replayed runs; None when no run replays a trace."""
     replays = [r for r in runs if is_replay(r.run_json)]
@@ -98,7 +136,15 @@ def serving_by_arm(runs: Sequence[RunData], arms: Sequence[str]) -> Optional[lis
     for arm in arms:
         mine = [r for r in replays if r.run_json.get("arm") == arm]
         if mine:
-            rows.append({"arm": arm, "num_runs": len(mine), **serving_metrics(mine)})
+            row = {"arm": arm, "num_runs": len(mine), **serving_metrics(mine)}
+            late = [send_lateness_s(r) for r in mine]
+            if all(x is not None for x in late):
+                late_ms = np.concatenate(late) * 1e3
+                row["p99_send_lateness_ms"] = json_float(nearest_rank(late_ms, 0.99)) if len(late_ms) else None
+                row["max_abs_send_lateness_ms"] = json_float(float(np.abs(late_ms).max())) if len(late_ms) else None
+            else:
+                row["p99_send_lateness_ms"] = row["max_abs_send_lateness_ms"] = None
+            rows.append(row)
     return rows
 
 
@@ -124,6 +170,11 @@ def format_serving_table(summary: dict) -> Optional[str]:
         for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E")):
             lines.append(f"  {label:6}" + "".join(f"{ms(row[f'{k}_{name}_ms']):>10}"
                                                    for k in ("mean", "median", "p90", "p99")))
+        if row.get("max_abs_send_lateness_ms") is not None:
+            lines.append(f"  sent on time: send - due p99 {row['p99_send_lateness_ms']:.3f} ms, "
+                         f"largest |send - due| {row['max_abs_send_lateness_ms']:.3f} ms")
+        else:
+            lines.append("  send lateness unknown: the trace cannot be read again (moved or edited since the run)")
     lines.append("TTFT and E2E from when each request was due (its recorded time / speed, or its session's "
                  "previous answer);\n  ITL percentiles need every token gap, which turns.parquet does not keep (-).")
     return "\n".join(lines)

@@ -263,11 +263,16 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
             clock.call_at(trig.at_s, lambda: tasks.add(clock.spawn(flush())))
 
     progress = LiveProgress(spec.duration_s)
+    replay = spec.workload.replay
+    until_done = replay is not None and replay.until_done  # a replay runs on until every request is answered
+
+    def all_done() -> bool:
+        return env.counts.completed_total + env.counts.crashed_total >= len(plans)
 
     async def sampler() -> None:
         interval = spec.recording.sample_interval_s
         i = 0
-        while i * interval <= spec.duration_s + 1e-9:
+        while i * interval <= spec.duration_s + 1e-9 or (until_done and not all_done()):
             await clock.sleep(i * interval - clock.now())
             now = clock.now()
             row = sample_row(env, await client.metrics_async(), now)
@@ -288,10 +293,14 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
                 return
             i += 1
 
+    async def run_time() -> None:
+        await asyncio.sleep(spec.duration_s / spec.time_scale)
+        while until_done and not all_done():
+            await asyncio.sleep(0.01)
+
     sampler_task = asyncio.ensure_future(sampler())
     try:
-        await asyncio.wait([asyncio.ensure_future(stop.wait()),
-                            asyncio.ensure_future(asyncio.sleep(spec.duration_s / spec.time_scale))],
+        await asyncio.wait([asyncio.ensure_future(stop.wait()), asyncio.ensure_future(run_time())],
                            return_when=asyncio.FIRST_COMPLETED)
     finally:
         sampler_task.cancel()
@@ -318,7 +327,8 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
                 counts={"sessions_arrived": c.arrived_total, "sessions_completed": c.completed_total,
                         "sessions_crashed": c.crashed_total,
                         "turns_completed": recorder.turns_completed, "flush_times_s": client.flush_times_s,
-                        "flush_errors": flush_errors})
+                        "flush_errors": flush_errors,
+                        **({"sessions_planned": len(plans), "ended_s": c.last_ended_s} if replay is not None else {})})
     if server_lateness is not None and server_lateness_before is not None:
         server_lateness = server_lateness.since(server_lateness_before)  # this run's window only
     # a flag beside the status, not a failure: the rows are what happened, on a clock that slipped
