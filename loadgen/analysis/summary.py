@@ -18,7 +18,7 @@ from .outcomes import run_outcome
 from .paired import paired_comparisons
 from .recovery import has_control, recovery_table
 from .runs import RunData, load_run, read_run_json
-from .serving import serving_by_arm
+from .serving import is_replay, serving_by_arm
 from .tables import table_arms
 from .uncertainty import recovery_intervals
 
@@ -56,6 +56,14 @@ def _baseline_arm(run_jsons: Sequence[Mapping[str, Any]], arms: Iterable[str]) -
         return spec_names[0]
     present = sorted(set(arms))
     return present[0] if present else None
+
+# the verdicts of a long closed-loop run (degradation over 5- and 10-minute windows after a trigger),
+# which say nothing true of a replayed trace's seconds to minutes of open-loop requests
+REPLAY_UNJUDGED = ("persistently_degraded", "ends_degraded", "degraded_windows_after_trigger",
+                   "degraded_only_in_final_window")
+REPLAY_VERDICTS = ("not judged: a replayed trace is an open-loop benchmark (serving_by_arm), not a "
+                   "closed-loop run whose degradation these verdicts judge")
+
 
 def summarize(results_dir: str | os.PathLike, load: Callable[[Path], RunData] = load_run) -> dict:
     """Build the summary.json dict from every completed run under results_dir/runs/; ``load``
@@ -100,8 +108,14 @@ def summarize(results_dir: str | os.PathLike, load: Callable[[Path], RunData] = 
     outcomes.sort(key=lambda o: (arm_rank[o["arm"]], o["seed"], o["run_id"]))
 
     baseline_arm = _baseline_arm(run_jsons, arms)
-    if baseline_arm is None:
-        pairs: dict = {"baseline_arm": None, "comparisons": []}
+    replays = any(is_replay(r) for r in run_jsons)
+    if replays:  # an open-loop benchmark: its table is serving_by_arm (loadgen.analysis.serving)
+        for outcome in outcomes:
+            outcome.update({key: None for key in REPLAY_UNJUDGED}, verdicts=REPLAY_VERDICTS)
+    if baseline_arm is None or replays:
+        pairs: dict = {"baseline_arm": baseline_arm, "comparisons": []}
+        if replays:
+            pairs["not_judged"] = REPLAY_VERDICTS
     else:
         pairs = paired_comparisons(outcomes, baseline_arm)
     summary = {

@@ -70,7 +70,7 @@ class ReferencePlacer:
         key = ("tree", request.session_id)
         if key not in self.engine.chains:
             self.engine.chains[key] = Chain(self.trees.get(request.session_id).segments())
-        return None, self.engine.stream(key, 0)
+        return None, self.engine.stream(key, 0), None
 
 
 def tree_spec(preset: str, flavor: str, pool_tokens: int, params: dict = None):
