@@ -199,3 +199,14 @@ def test_a_replay_prints_vllm_bench_serve_metrics_not_the_paired_verdicts(tmp_pa
     samples = pq.read_table(out / "runs" / "replay-s1" / "samples.parquet").to_pylist()
     assert [s["t_s"] for s in samples[:4]] == [0.0, 1.0, 2.0, 3.0]
     assert max(s["num_running"] for s in samples) > 0
+
+
+def test_validate_says_what_will_be_replayed_and_what_the_trace_needed(tmp_path):
+    trace = _write(tmp_path / "t.jsonl", [_mooncake(500, 100, 0, [1]), _mooncake(100, 100, 5, [2])])
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({**_spec(trace, speed=2.0), "duration_s": 0.1}))
+    proc = subprocess.run([sys.executable, "-m", "loadgen.cli", "validate", str(spec)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert f"replay: {trace} (mooncake): 2 requests recorded over 0.500 s, sent at speed 2, cut at 0.1 s" in proc.stdout
+    assert "1 row with 0 output tokens: replayed with 1" in proc.stdout
+    assert "1 row earlier than the row before: sorted by time" in proc.stdout

@@ -103,12 +103,13 @@ def timed_from_rows(rows: RowSource, format: str, block_tokens: int = 512) -> Ti
     notes = []
     silent = sum(1 for r in requests if r.output_tokens == 0)
     if silent:  # an engine generates at least one token
-        notes.append(f"{silent} rows record 0 output tokens: replayed with 1")
+        notes.append(f"{silent} row{'s' if silent != 1 else ''} with 0 output tokens: replayed with 1")
         requests = [r if r.output_tokens else replace(r, output_tokens=1) for r in requests]
     times = [r.t_s for r in requests]
     if times != sorted(times):
         moved = sum(1 for a, b in zip(times, times[1:]) if b < a)
-        notes.append(f"{moved} rows were earlier than the row before them: sorted by time (file order breaks ties)")
+        notes.append(f"{moved} row{'s' if moved != 1 else ''} earlier than the row before: sorted by time "
+                     "(file order breaks ties)")
         requests.sort(key=lambda r: r.t_s)  # stable: file order breaks ties
     if format == "aiperf":
         requests = _with_history(requests)

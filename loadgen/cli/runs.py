@@ -93,8 +93,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         num_to_run = sum(completed_run(out, spec, key) is None for key in keys)
         console.print(f"--resume: {len(keys) - num_to_run} of {len(keys)} runs already completed with this spec "
                       f"in {out} (skipped), {num_to_run} to run")
+    if spec.workload.replay is not None:
+        for line in spec.workload.replay.describe(spec.duration_s):
+            console.print(line, markup=False, highlight=False)
     if live and num_to_run:  # wall-clock runs: say up front what the whole spec will take
-        console.print(f"estimate: {describe_estimate(num_to_run, spec.duration_s, spec.time_scale)}")
+        console.print(f"estimate: {describe_estimate(num_to_run, spec.duration_s, spec.time_scale)}"
+                      + (" (more: it goes on until every request is answered)"
+                         if spec.workload.replay is not None and spec.workload.replay.until_done else ""))
     failed = []
     lagging = []  # (run id, run.json "lag") of live runs that fell behind their time scale
     runs_left = [num_to_run]
@@ -390,8 +395,13 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec)
     check_spec_files(spec, Path(args.spec).resolve().parent, args.spec)
+    replay = spec.workload.replay
+    per_run = ("until the last request is answered" if replay is not None and replay.until_done
+               else f"{spec.duration_s / 60:g} min")
     print(f"{args.spec}: ok: experiment {spec.experiment!r}, {len(spec.arms)} arms x {len(spec.seeds)} seeds, "
-          f"{spec.duration_s / 60:g} min per run")
+          f"{per_run} per run")
+    if replay is not None:
+        print("\n".join(spec.workload.replay.describe(spec.duration_s)))
     return 0
 
 

@@ -334,6 +334,18 @@ class ReplaySpec(_Model):
         """When the last request is sent (replay time)."""
         return self.trace().span_s / self.speed
 
+    def describe(self, duration_s: float) -> list[str]:
+        """What `loadgen run` and `validate` say of the replay before it runs: the trace, how it is
+        sent, and the trace's notes (rows sorted, outputs raised to one token)."""
+        trace = self.trace()
+        num_sessions = len(trace.sessions())
+        sessions = f" in {num_sessions} sessions" if num_sessions != len(trace.requests) else ""
+        ends = ("until the last request is answered" if self.until_done
+                else f"cut at {duration_s:g} s" if duration_s < self.span_s() else f"until {duration_s:g} s")
+        lines = [f"replay: {trace.path} ({trace.format}): {len(trace.requests)} requests{sessions} recorded over "
+                 f"{trace.span_s:.3f} s, sent at speed {self.speed:g}, {ends}"]
+        return lines + [f"  note: {note}" for note in trace.notes]
+
 
 @functools.lru_cache(maxsize=4)
 def _cached_timed(path: str, format: Optional[str], block_tokens: int, mtime_ns: int, size: int) -> TimedTrace:
