@@ -210,3 +210,20 @@ def test_validate_says_what_will_be_replayed_and_what_the_trace_needed(tmp_path)
     assert f"replay: {trace} (mooncake): 2 requests recorded over 0.500 s, sent at speed 2, cut at 0.1 s" in proc.stdout
     assert "1 row with 0 output tokens: replayed with 1" in proc.stdout
     assert "1 row earlier than the row before: sorted by time" in proc.stdout
+
+
+def test_commands_that_cannot_honour_a_replay_refuse_it(tmp_path):
+    trace = _write(tmp_path / "t.jsonl", [_mooncake(0, 100, 5, [1])])
+    data = _spec(trace)
+    data["engine"] = {"kind": "openai", "url": "http://127.0.0.1:9", "api": "chat"}
+    with pytest.raises(SpecError, match="engine.api: a replay sends each prompt as its token ids"):
+        parse_spec(data)
+    data = _spec(trace)
+    data["engine"].update(replicas=2, router={"policy": "cache_aware"})
+    with pytest.raises(SpecError, match="engine.replicas: a trace replay on a simulated deployment"):
+        parse_spec(data)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_spec(trace)))
+    proc = subprocess.run([sys.executable, "-m", "loadgen.cli", "map", str(spec), "--out", str(tmp_path / "m"),
+                           "--trigger-factors", "0"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "a replayed trace (workload.replay) sends its own recorded times" in proc.stderr

@@ -147,6 +147,10 @@ def map_job(spec: ExperimentSpec, spec_dir: Optional[Path], trigger_factors: Seq
     """The map of ``spec``: it needs the simulated engine, and a burst if any factor is above 0."""
     if not isinstance(spec.engine, SimEngineSpec):
         raise GridError(f"loadgen map simulates: engine kind {spec.engine.kind!r} is not 'sim'")
+    if spec.workload.replay is not None:
+        raise GridError("loadgen map varies the base arrival rate and a burst; a replayed trace (workload.replay) "
+                        "sends its own recorded times, so it has neither: replay it with loadgen run, or map "
+                        "its sessions drawn at a rate (workload.sessions: {kind: trace_file, ...})")
     bursts = [t for a in spec.arms for t in a.triggers if isinstance(t, BurstTrigger)]
     burst = bursts[0] if bursts else None
     if burst is None and any(f > 0 for f in trigger_factors):

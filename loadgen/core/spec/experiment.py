@@ -165,6 +165,9 @@ class ExperimentSpec(_Model):
         elif replay is not None and replay.until_done is None:
             object.__setattr__(replay, "until_done", False)
         if replay is not None:
+            if getattr(self.engine, "api", "completions") == "chat":
+                raise ValueError("engine.api: a replay sends each prompt as its token ids (the completions API); "
+                                 "chat messages would re-tokenize them and lose the recorded prefixes")
             if "sample_interval_s" not in self.recording.model_fields_set:
                 # a replay is seconds to minutes long: sampled every second, as vLLM logs its gauges
                 object.__setattr__(self.recording, "sample_interval_s", 1.0)
@@ -172,6 +175,10 @@ class ExperimentSpec(_Model):
                 engine = self._engine_or_none(arm)
                 if isinstance(engine, SimEngineSpec) and engine.flavor != "sglang" and engine.offload is not None:
                     raise ValueError("engine.offload: a trace replay is not modelled with the CPU offload tier yet")
+                if isinstance(engine, SimEngineSpec) and engine.replicas > 1:
+                    raise ValueError("engine.replicas: a trace replay on a simulated deployment is not modelled yet "
+                                     "(its routers read what a replica caches by session, not by prompt content); "
+                                     "replay against one engine, or against a deployment's endpoint")
                 for j, trig in enumerate(arm.triggers):
                     if trig.kind != "flush":
                         raise ValueError(f"arms[{i}].triggers[{j}]: a {trig.kind} trigger changes drawn arrivals or "
