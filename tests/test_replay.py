@@ -195,6 +195,11 @@ def test_a_replay_prints_vllm_bench_serve_metrics_not_the_paired_verdicts(tmp_pa
     tpot = [(t["finish_s"] - t["first_token_s"]) / (t["output_tokens"] - 1) * 1e3 for t in turns]
     assert row["mean_tpot_ms"] == pytest.approx(sum(tpot) / 12)
     assert row["max_abs_send_lateness_ms"] == pytest.approx(0.0, abs=1e-9)  # virtual time sends exactly on time
+    # ITL pools every gap: its percentiles lie between the smallest request mean and the longest gap
+    gaps = [t["output_tokens"] - 1 for t in turns]
+    assert row["mean_itl_ms"] == pytest.approx(sum(t["itl_mean_s"] * g for t, g in zip(turns, gaps)) / sum(gaps) * 1e3)
+    lo, hi = min(t["itl_mean_s"] for t in turns) * 1e3, max(t["itl_max_s"] for t in turns) * 1e3
+    assert lo * 0.99 <= row["median_itl_ms"] <= row["p90_itl_ms"] <= row["p99_itl_ms"] <= hi * 1.01
     # running, waiting and KV usage every second of the run
     samples = pq.read_table(out / "runs" / "replay-s1" / "samples.parquet").to_pylist()
     assert [s["t_s"] for s in samples[:4]] == [0.0, 1.0, 2.0, 3.0]
@@ -227,3 +232,21 @@ def test_commands_that_cannot_honour_a_replay_refuse_it(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "loadgen.cli", "map", str(spec), "--out", str(tmp_path / "m"),
                            "--trigger-factors", "0"], capture_output=True, text=True)
     assert proc.returncode == 2 and "a replayed trace (workload.replay) sends its own recorded times" in proc.stderr
+
+
+@pytest.mark.parametrize("flavor, pool_tokens, output_tokens", [
+    ("vllm", 200_000, 60), ("vllm", 8000, 300), ("sglang", 200_000, 60), ("sglang", 8000, 300)])
+def test_the_run_counts_every_token_gap_once(tmp_path, flavor, pool_tokens, output_tokens):
+    # the engines add their gaps as they commit steps and stretches; each request's own gaps
+    # (its mean ITL times its gaps) must add up to the same total, preemptions (the small pool) included
+    trace = _write(tmp_path / "t.jsonl", [
+        _mooncake(k * 40.0, 800 + 37 * (k % 9), output_tokens + 23 * (k % 7), [k % 4, 500 + k]) for k in range(60)])
+    data = _spec(trace, flavor)
+    data["engine"]["pool_tokens"] = pool_tokens
+    info, turns = _turns(data, tmp_path)
+    assert (sum(t["num_preemptions"] for t in turns) > 0) == (pool_tokens < 10_000)  # resumed requests' gaps too
+    hist = info["counts"]["inter_token_gaps"]
+    ok = [t for t in turns if t["error"] is None]
+    assert len(ok) == 60
+    assert hist["num_gaps"] == sum(t["output_tokens"] - 1 for t in ok)
+    assert hist["total_s"] == pytest.approx(sum(t["itl_mean_s"] * (t["output_tokens"] - 1) for t in ok), rel=1e-9)

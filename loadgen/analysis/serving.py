@@ -6,9 +6,10 @@ Per successful request (turns.parquet; a retried request counts from its first a
 
 - TTFT: first_token_s - ready_s (ready: when the request was due; the send, unless a gateway held it);
 - TPOT: (finish_s - first_token_s) / (output_tokens - 1), requests of two or more output tokens;
-- ITL: the gaps between consecutive tokens. turns.parquet keeps each request's mean gap, not every
-  gap, so the mean over all gaps is exact (each request's mean weighted by its number of gaps) and
-  its percentiles are left out (null), not guessed;
+- ITL: every gap between consecutive tokens of every request, pooled: run.json
+  ``counts.inter_token_gaps`` (loadgen/core/gap_histogram.py: the engines' gaps in simulation, the
+  streamed ones live), an exact mean and percentiles within 0.5%; without it (a run that streamed
+  no per-token chunks) the mean alone, from each request's mean gap;
 - E2E: finish_s - ready_s.
 
 Throughput is over the benchmark's duration, from the first request's send to the last answer
@@ -22,6 +23,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ..core.gap_histogram import GapHistogram
 from .attempts import turn_of_row
 from .latency import nearest_rank
 from .runs import RunData, float_column, json_float, success_mask
@@ -61,6 +63,20 @@ def _request_rows(run: RunData) -> dict:
             "num_requests": int(turn.max()) + 1}
 
 
+def _gap_histogram(runs: Sequence[RunData]) -> Optional[GapHistogram]:
+    """The runs' inter-token gaps together (run.json counts.inter_token_gaps), None if one lacks them."""
+    total = GapHistogram()
+    for run in runs:
+        data = (run.run_json.get("counts") or {}).get("inter_token_gaps")
+        if not isinstance(data, dict):
+            return None
+        try:
+            total.merge(GapHistogram.from_json(data))
+        except (KeyError, TypeError, ValueError):
+            return None
+    return total
+
+
 def serving_metrics(runs: Sequence[RunData]) -> dict:
     """The vllm-bench-serve fields over ``runs`` pooled (their requests together; durations summed)."""
     parts = [_request_rows(run) for run in runs]
@@ -84,8 +100,14 @@ def serving_metrics(runs: Sequence[RunData]) -> dict:
     }
     out.update(_stats("ttft", cat["first"] - cat["ready"]))
     out.update(_stats("tpot", tpot))
-    out.update(_stats("itl", np.zeros(0), percentiles=False))
-    out["mean_itl_ms"] = json_float(mean_itl * 1e3) if mean_itl is not None else None
+    hist = _gap_histogram(runs)
+    if hist is not None and hist.num_gaps:  # every gap of the runs: vllm bench serve's pooled ITL
+        out["mean_itl_ms"] = json_float(hist.mean_s() * 1e3)
+        for key, q in (("median", 0.5), ("p90", 0.9), ("p99", 0.99)):
+            out[f"{key}_itl_ms"] = json_float(hist.quantile_s(q) * 1e3)
+    else:  # results without the histogram (a stream without per-token chunks): the mean alone
+        out.update(_stats("itl", np.zeros(0), percentiles=False))
+        out["mean_itl_ms"] = json_float(mean_itl * 1e3) if mean_itl is not None else None
     out.update(_stats("e2el", cat["finish"] - cat["ready"]))
     return out
 
@@ -176,5 +198,5 @@ def format_serving_table(summary: dict) -> Optional[str]:
         else:
             lines.append("  send lateness unknown: the trace cannot be read again (moved or edited since the run)")
     lines.append("TTFT and E2E from when each request was due (its recorded time / speed, or its session's "
-                 "previous answer);\n  ITL percentiles need every token gap, which turns.parquet does not keep (-).")
+                 "previous answer);\n  ITL: every token gap of every request pooled (percentiles within 0.5%).")
     return "\n".join(lines)

@@ -24,6 +24,7 @@ from .deployment import DeploymentClient
 from .engines import SimEngineClient
 from .gateway import Gateway
 from .recording import RunRecorder, merge_parts, write_json_atomic
+from .gap_histogram import GapHistogram
 from .replay import attach_replay_placers
 from .program_gate import ProgramGate, UsageTap
 from .replica_gates import ReplicaGates
@@ -136,6 +137,8 @@ def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir:
     replay = spec.workload.replay
     if replay is not None:  # recorded prompts onto the engines by their content (replay.py)
         attach_replay_placers(engine)
+        for replica in getattr(engine, "replicas", [engine]):  # every token gap, for ITL percentiles
+            replica.engine.gaps = GapHistogram()
     if any(plan.tree is not None for plan in plans):
         env.trees = start_trees(env, plans, lambda plan: _start_session(clock, plan, env), ctl.tree_policy)
 
@@ -155,7 +158,10 @@ def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir:
                 t += interval
                 clock.call_at(t, _sample, env)
                 clock.run(until_s=t)
-        extra = {"sessions_planned": len(plans), "ended_s": counts.last_ended_s}
+        gaps = GapHistogram()
+        for replica in getattr(engine, "replicas", [engine]):
+            gaps.merge(replica.engine.gaps)
+        extra = {"sessions_planned": len(plans), "ended_s": counts.last_ended_s, "inter_token_gaps": gaps.to_json()}
     return {
         "sessions_arrived": counts.arrived_total, "sessions_completed": counts.completed_total,
         "turns_completed": recorder.turns_completed,

@@ -138,6 +138,8 @@ class RunEnv:
     ready_contexts: dict = field(default_factory=dict)
     # the run's session trees (loadgen/core/tree_runtime.py), None in a run of linear sessions
     trees: Optional[object] = None
+    # every streamed inter-token gap (a GapHistogram: a live replay's ITL percentiles), or None
+    gaps: Optional[object] = None
 
 
 class _Progress:
@@ -286,6 +288,9 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
                 counts.in_engine -= 1
                 progress.counted_as = None
                 gaps = result.inter_token_gaps_s
+                if gaps and env.gaps is not None:
+                    for gap_s in gaps:
+                        env.gaps.add(gap_s)
                 # streamed gaps (live) or the simulated engine's own per-token times
                 itl_mean_s = sum(gaps) / len(gaps) if gaps else result.itl_mean_s
                 itl_max_s = max(gaps) if gaps else result.itl_max_s

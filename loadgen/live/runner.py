@@ -235,6 +235,10 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
                            tree_columns=has_trees(spec))
     retry = RetryPolicy(engine_spec.retry.max_attempts, engine_spec.retry.backoff_s)
     env = RunEnv(clock, client, gateway, recorder, retry=retry, ready_contexts=ready_contexts)
+    if spec.workload.replay is not None:  # every streamed gap, for ITL percentiles
+        from ..core.gap_histogram import GapHistogram
+
+        env.gaps = GapHistogram()
     tasks: set[asyncio.Task] = set()
     stop = asyncio.Event()
     flush_errors: list[str] = []
@@ -328,7 +332,8 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
                         "sessions_crashed": c.crashed_total,
                         "turns_completed": recorder.turns_completed, "flush_times_s": client.flush_times_s,
                         "flush_errors": flush_errors,
-                        **({"sessions_planned": len(plans), "ended_s": c.last_ended_s} if replay is not None else {})})
+                        **({"sessions_planned": len(plans), "ended_s": c.last_ended_s,
+                            "inter_token_gaps": env.gaps.to_json()} if replay is not None else {})})
     if server_lateness is not None and server_lateness_before is not None:
         server_lateness = server_lateness.since(server_lateness_before)  # this run's window only
     # a flag beside the status, not a failure: the rows are what happened, on a clock that slipped

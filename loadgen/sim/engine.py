@@ -264,6 +264,8 @@ class SimEngine(OffloadScheduling):
         self._inflight_end = end
         self._last_end_s = self._clock_s = end
         self._push_gap(g, end - start_s)
+        if r and self.gaps is not None:  # each decoder's token follows its last, sampled at the step's start
+            self.gaps.add(end - start_s, r)
         self.step_index = g + 1
         self.num_steps += 1
         self.generation_tokens_total += r + len(completed)
@@ -276,6 +278,8 @@ class SimEngine(OffloadScheduling):
                 gap_s = end - req.last_token_s
                 if not gap_s <= req.max_token_gap_s:
                     req.max_token_gap_s = gap_s
+                if self.gaps is not None:
+                    self.gaps.add(gap_s)
             req.last_token_s = end
             if req.first_token_s is None:
                 req.first_token_s = end

@@ -86,12 +86,22 @@ class DecodeBatch(OverlapResults):
         end = start_s + alpha * num_steps + beta * num_steps * (num_steps - 1)
         first_end = start_s + alpha
         d = self.decode_index
+        gaps = self.gaps
+        num_joined = 0
         for r in self._joined:
             if r.in_running and r.last_token_s is not None and not r.lingering:
                 gap = first_end - r.last_token_s
                 if not gap <= r.max_gap_s:
                     r.max_gap_s = gap
+                if gaps is not None:
+                    gaps.add(gap)
+                    num_joined += 1
         self._joined.clear()
+        if gaps is not None:  # a lingering request's token was its last: no gap follows it
+            num_tokens = sum([1 for r in self.running if not r.lingering])
+            if self._last_decode_end is not None:  # the others' last tokens: the previous decode step's end
+                gaps.add(first_end - self._last_decode_end, num_tokens - num_joined)
+            gaps.add_linear(alpha + 2 * beta, 2 * beta, num_steps - 1, num_tokens)
         if self._last_decode_end is not None:
             self._push_gap(d, first_end - self._last_decode_end)
         if num_steps > 1:

@@ -256,6 +256,8 @@ class SGLangEngine(PrefillAdding):
             gap = end - r.last_token_s
             if not gap <= r.max_gap_s:
                 r.max_gap_s = gap
+            if self.gaps is not None:
+                self.gaps.add(gap)
         r.last_token_s = end
         return first
 

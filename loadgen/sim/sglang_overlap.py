@@ -100,6 +100,8 @@ class OverlapResults(SGLangState):
 
     def _drop_result(self, r, prev_token_s) -> None:
         """A retracted request's token of the last step: never processed, computed again later."""
+        if self.gaps is not None and prev_token_s is not None:  # its gap was counted when its step was
+            self.gaps.remove(r.last_token_s - prev_token_s)
         r.generated -= 1
         r.last_token_s = prev_token_s
         r.lingering = False

@@ -29,6 +29,7 @@ cdef class StepMachine:
     cdef public object _bounds
     cdef public long _coeffs_version
     cdef public tuple _coeffs
+    cdef public object gaps
 
     cpdef _init_step_machine(self)
     cpdef bint _at_boundary(self) except -1

@@ -66,6 +66,9 @@ class StepMachine:
         self._bounds: Optional[tuple[int, Optional[float]]] = None
         self._coeffs_version = -1
         self._coeffs: tuple[float, float] = (0.0, 0.0)
+        # every inter-token gap, when a run asks for them (a GapHistogram, loadgen/core/gap_histogram.py:
+        # a replay's ITL percentiles); None costs one test per committed chunk
+        self.gaps = None
 
     # ------------------------------------------------------------------ what a flavour provides
     def _at_boundary(self) -> bool:

@@ -95,6 +95,8 @@ class DecodeAggregates(Admission):
         self._inflight_end = start_s + alpha * num_steps + beta * num_steps * (num_steps - 1)
         self._last_end_s = self._clock_s = self._inflight_end
         self._push_gap(g, alpha + 2 * beta * (num_steps - 1))  # its steps grow longer: the last is longest
+        if self.gaps is not None:
+            self.gaps.add_linear(alpha, 2 * beta, num_steps, r)
         self.step_index = g + num_steps
         self.num_steps += num_steps
         self.generation_tokens_total += r * num_steps
