@@ -250,3 +250,16 @@ def test_the_run_counts_every_token_gap_once(tmp_path, flavor, pool_tokens, outp
     assert len(ok) == 60
     assert hist["num_gaps"] == sum(t["output_tokens"] - 1 for t in ok)
     assert hist["total_s"] == pytest.approx(sum(t["itl_mean_s"] * (t["output_tokens"] - 1) for t in ok), rel=1e-9)
+
+
+def test_an_aiperf_session_sends_its_history_before_each_turn(tmp_path):
+    # AIPerf's session rows record what a turn adds: turn 1's prompt is turn 0's prompt, its answer, then 300
+    trace = _write(tmp_path / "t.jsonl", [
+        _mooncake(0, 1024, 50, [1, 2], session_id="s"),
+        _mooncake(10, 300, 20, [3], session_id="s")])
+    loaded = load_timed(trace, "aiperf")
+    assert [(r.input_tokens, r.added_tokens) for r in loaded.requests] == [(1024, 1024), (1024 + 50 + 300, 300)]
+    _, turns = _turns(_spec(trace, format="aiperf"), tmp_path)
+    assert [t["prompt_tokens"] for t in turns] == [1024, 1374]
+    assert turns[1]["cacheable_prefix_tokens"] == 1024  # the first turn's prompt; its answer was never sent before
+    assert turns[1]["cached_tokens"] == 1024

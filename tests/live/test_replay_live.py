@@ -39,3 +39,6 @@ def test_a_replay_against_an_endpoint_sends_on_the_recorded_clock_and_waits_for_
     assert all(t["cached_tokens"] >= 1024 for t in turns[2:])
     row, = json.loads((out / "summary.json").read_text())["serving_by_arm"]
     assert row["completed"] == 20 and row["max_abs_send_lateness_ms"] is not None
+    # every streamed gap pooled: 3 gaps of each 4-token answer and 199 of the long one
+    assert run["counts"]["inter_token_gaps"]["num_gaps"] == 19 * 3 + 199
+    assert row["median_itl_ms"] <= row["p99_itl_ms"]
