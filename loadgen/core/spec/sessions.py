@@ -154,10 +154,15 @@ class TraceFileSessionSpec(_ReplaySessionSpec):
     @field_validator("path")
     @classmethod
     def _exists(cls, value: str, info: ValidationInfo) -> str:
-        path = _resolve(value, info)
-        if not path.is_file():
-            raise ValueError(f"no such file: {path}")
-        return str(path.resolve())
+        return _existing_file(value, info)
+
+
+def _existing_file(value: str, info: ValidationInfo) -> str:
+    """A file the spec names, resolved (relative to the spec's directory), or why it is not one."""
+    path = _resolve(value, info)
+    if not path.is_file():
+        raise ValueError(f"no such file: {path}")
+    return str(path.resolve())
 
 
 def _resolve(value: str, info: ValidationInfo) -> Path:
@@ -312,10 +317,7 @@ class ReplaySpec(_Model):
     @field_validator("path")
     @classmethod
     def _exists(cls, value: str, info: ValidationInfo) -> str:
-        path = _resolve(value, info)
-        if not path.is_file():
-            raise ValueError(f"no such file: {path}")
-        return str(path.resolve())
+        return _existing_file(value, info)
 
     @model_validator(mode="after")
     def _readable(self) -> "ReplaySpec":
