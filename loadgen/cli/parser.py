@@ -150,7 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(func=_cmd_report)
 
     cal = sub.add_parser("calibrate", help="fit the simulator's step-cost model to a real engine")
-    cal.add_argument("--endpoint", required=True, help="the engine's base URL")
+    cal.add_argument("--endpoint", help="the engine's base URL (or --from-profile)")
+    cal.add_argument("--from-profile", metavar="DIR",
+                     help="fit to a kernel profile instead of an endpoint: a folder in LLMServingSim's layout "
+                          "(meta.yaml, tp<N>/attention.csv, dense.csv, per_sequence.csv): every profiled step "
+                          "composed from its per-layer times")
+    cal.add_argument("--tp", type=int, help="with --from-profile: the tensor-parallel degree (default: the smallest "
+                                            "profiled)")
+    cal.add_argument("--layers", type=int, help="with --from-profile: the model's layer count (default: from "
+                                                "configs/model/<model>.json above the folder)")
     cal.add_argument("--model", help="served model name (default: the first one served)")
     cal.add_argument("--out", help="cost.json to write (a .fit.json with the rows goes beside it); "
                                   "required unless --check")

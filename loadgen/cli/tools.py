@@ -312,6 +312,16 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from ..core.clock import WallClock
     from ..live.http_client import EndpointOptions, OpenAIEngineClient, PreflightError
 
+    if args.from_profile is not None:
+        if args.endpoint is not None:
+            raise SpecError("calibrate: give --endpoint (measure an engine) or --from-profile (fit a kernel "
+                            "profile), not both")
+        return _calibrate_from_profile(args)
+    if args.endpoint is None:
+        raise SpecError("calibrate: give --endpoint URL (the engine to measure) or --from-profile DIR (a kernel "
+                        "profile to fit)")
+    if args.tp is not None or args.layers is not None:
+        raise SpecError("calibrate: --tp and --layers go with --from-profile")
     url = _endpoint_url(args.endpoint)
     if not args.out and not args.check:
         raise SpecError("calibrate: give --out (the cost.json to write), --check COST_MODEL, or both")
@@ -339,6 +349,34 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         raise SpecError(str(exc)) from None
     return finish_calibration(result, plan, out, checked, tolerance=args.tolerance, strict=args.strict,
                               force=args.force, typical_context=args.context, time_scale=args.time_scale)
+
+
+def _calibrate_from_profile(args: argparse.Namespace) -> int:
+    """loadgen calibrate --from-profile: the step model fitted to a kernel profile's composed steps."""
+    from ..core.recording import write_json_atomic
+    from ..core.workload import Stream, rng_for
+    from ..sim.kernel_profile import ProfileError, load_profile
+    from ..sim.profile_fit import fit_profile
+
+    if not args.out:
+        raise SpecError("calibrate --from-profile: give --out (the cost.json to write)")
+    if args.check:
+        raise SpecError("calibrate --from-profile: --check judges an engine's measurements; fit the profile, "
+                        "then compare the two cost.json files")
+    if args.tp is not None and args.tp < 1:
+        raise SpecError(f"--tp must be >= 1 (a tensor-parallel degree), got {args.tp}")
+    try:
+        profile = load_profile(args.from_profile, args.tp, args.layers)
+        fit = fit_profile(profile, rng_for(Stream.CALIBRATION_BOOTSTRAP, args.seed or 0))
+    except (ProfileError, ValueError) as exc:
+        raise SpecError(f"--from-profile: {exc}") from None
+    out = Path(args.out)
+    model = fit.model(args.name or out.stem)
+    write_json_atomic(out, model.to_json())  # before printing: a closed stdout does not lose the fit
+    write_json_atomic(out.with_suffix(".fit.json"), fit.to_json())
+    print(fit.table())
+    print(f"cost model: {out} (kernel time only; the fit and its residuals: {out.with_suffix('.fit.json')})")
+    return 0
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:

@@ -1,0 +1,224 @@
+"""A GPU's step cost from a kernel profile: LLMServingSim's per-layer tables of vLLM, composed
+into whole steps and fitted by the step-cost model (``loadgen calibrate --from-profile``).
+
+The profile folder (LLMServingSim's layout, ``profiler/perf/<GPU>/<org>/<model>/<dtype>/``):
+``meta.yaml`` (the model, its architecture, the TP degrees, the engine's settings) and per TP
+degree ``tp<N>/``: ``dense.csv`` (``layer``, ``tokens``, ``time_us``: one layer's kernel time for a
+step of that many tokens), ``per_sequence.csv`` (``lm_head`` and ``sampler`` by ``sequences``),
+``attention.csv`` (``prefill_chunk``, ``kv_prefill``, ``n_decode``, ``kv_decode``, ``time_us``: one
+attention layer for a step of at most one prefill chunk of that many new tokens over that many
+cached ones and that many decodes over that context each). Times are microseconds for one layer.
+
+A step's kernel time is the architecture's order of layers (``profiler/models/<arch>.yaml``
+``sequence``, found above the folder; without it: every dense layer once per block, the
+layernorm twice, the embedding and final layernorm once per step):
+
+    embedding(T) + layers x [block's dense layers(T) + attention(step)] + final_layernorm(T)
+      + lm_head(S) + sampler(S)
+
+with T the step's tokens (chunk + decodes) and S its sequences (decodes, and the chunk's request,
+whose logits vLLM computes too). ``dense`` and ``per_sequence`` are interpolated linearly between
+profiled sizes; attention is read at profiled points only (the fit's steps are those points).
+A kernel profile has no host time (scheduling, input preparation, output processing): it is the
+GPU's share of a step only. TP all-reduce is not in the tables and not added. MoE layers
+(``moe.csv``) are not composed yet.
+"""
+
+from __future__ import annotations
+
+import csv
+from bisect import bisect_left
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be read: the message names the file, column or value."""
+
+
+@dataclass(frozen=True)
+class ProfiledStep:
+    """One attention row as a whole step: its shape and its composed kernel time."""
+
+    prefill_chunk: int
+    kv_prefill: int
+    n_decode: int
+    kv_decode: int
+    kernel_s: float
+
+    @property
+    def kind(self) -> str:
+        if self.prefill_chunk and self.n_decode:
+            return "mixed"
+        return "prefill" if self.prefill_chunk else "decode"
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prefill_chunk + self.n_decode
+
+
+def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict]:
+    if not path.is_file():
+        raise ProfileError(f"{path}: missing (a profile folder holds tp<N>/{path.name})")
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in columns if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ProfileError(f"{path}: missing column(s) {missing}; expected {list(columns)}")
+        rows = []
+        for line, row in enumerate(reader, start=2):
+            try:
+                rows.append({c: (row[c] if c == "layer" else float(row[c])) for c in columns})
+            except (TypeError, ValueError):
+                raise ProfileError(f"{path}: line {line}: expected numbers in {list(columns)}, got {row}") from None
+    if not rows:
+        raise ProfileError(f"{path}: no rows")
+    return rows
+
+
+class _Curve:
+    """time(x) through the profiled points, linear between them, clamped to the largest's slope."""
+
+    def __init__(self, points: dict[float, float]) -> None:
+        self.xs = sorted(points)
+        self.ys = [points[x] for x in self.xs]
+
+    def __call__(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        if x <= xs[0]:
+            return ys[0] * (x / xs[0]) if xs[0] > 0 else ys[0]
+        i = bisect_left(xs, x)
+        if i == len(xs):
+            i -= 1  # beyond the table: the last segment's slope
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+@dataclass
+class KernelProfile:
+    folder: Path
+    model: str
+    architecture: str
+    tp: int
+    num_layers: int
+    max_num_batched_tokens: int
+    block_layers: list[str]  # the dense layers of one decoder block, in order (attention excluded)
+    step_layers: list[str]  # the dense layers once per step (embedding, final layernorm)
+    notes: list[str]
+    dense: dict[str, _Curve]
+    per_sequence: dict[str, _Curve]
+    attention: dict[tuple[int, int, int, int], float]  # seconds for one layer
+
+    def kernel_s(self, prefill_chunk: int, kv_prefill: int, n_decode: int, kv_decode: int) -> float:
+        """The composed kernel time of a step at a profiled attention point."""
+        key = (prefill_chunk, kv_prefill, n_decode, kv_decode)
+        attention = self.attention.get(key)
+        if attention is None:
+            raise ProfileError(f"attention.csv has no row for prefill_chunk={prefill_chunk}, kv_prefill={kv_prefill}, "
+                               f"n_decode={n_decode}, kv_decode={kv_decode}")
+        tokens = prefill_chunk + n_decode
+        sequences = n_decode + (1 if prefill_chunk else 0)
+        block = sum(self.dense[layer](tokens) for layer in self.block_layers) * 1e-6 + attention
+        once = sum(self.dense[layer](tokens) for layer in self.step_layers) * 1e-6
+        head = sum(curve(sequences) for curve in self.per_sequence.values()) * 1e-6
+        return once + self.num_layers * block + head
+
+    def steps(self) -> list[ProfiledStep]:
+        """Every profiled attention point a vLLM step can be (at most the step budget of tokens),
+        as a whole step."""
+        out = []
+        for (c, p, n, kv) in sorted(self.attention):
+            if c + n == 0 or c + n > self.max_num_batched_tokens:
+                continue
+            out.append(ProfiledStep(c, p, n, kv, self.kernel_s(c, p, n, kv)))
+        return out
+
+
+def _walk_up(folder: Path, relative: Path) -> Optional[Path]:
+    for parent in [folder, *folder.parents]:
+        candidate = parent / relative
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_profile(folder: str | Path, tp: Optional[int] = None, num_layers: Optional[int] = None) -> KernelProfile:
+    folder = Path(folder)
+    meta_path = folder / "meta.yaml"
+    if not meta_path.is_file():
+        raise ProfileError(f"{folder}: no meta.yaml (expected a profile folder in LLMServingSim's layout: "
+                           "meta.yaml and tp<N>/{attention,dense,per_sequence}.csv)")
+    try:
+        meta = yaml.safe_load(meta_path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{meta_path}: not valid YAML ({exc})") from None
+    model = str(meta.get("model", ""))
+    architecture = str(meta.get("architecture", ""))
+    degrees = sorted(int(d) for d in meta.get("tp_degrees") or [] if (folder / f"tp{int(d)}").is_dir())
+    if not degrees:
+        degrees = sorted(int(p.name[2:]) for p in folder.glob("tp*") if p.name[2:].isdigit())
+    if tp is None:
+        if not degrees:
+            raise ProfileError(f"{folder}: no tp<N>/ folder")
+        tp = degrees[0]
+    elif tp not in degrees:
+        raise ProfileError(f"--tp {tp}: the profile has tp {degrees} ({folder})")
+    if (folder / f"tp{tp}" / "moe.csv").is_file():
+        raise ProfileError(f"{folder / f'tp{tp}' / 'moe.csv'}: MoE layers are not composed yet (a dense model's "
+                           "profile only)")
+    notes: list[str] = []
+    if num_layers is None:
+        config = _walk_up(folder, Path("configs/model") / f"{model}.json")
+        if config is None:
+            raise ProfileError(f"the layer count of {model or 'the model'} is unknown: pass --layers N (no "
+                               f"configs/model/{model}.json above {folder})")
+        import json
+
+        num_layers = int(json.loads(config.read_text())["num_hidden_layers"])
+        notes.append(f"{num_layers} layers, from {config}")
+    if num_layers < 1:
+        raise ProfileError(f"--layers {num_layers}: expected a layer count >= 1")
+    engine = meta.get("engine_effective") or {}
+    budget = int(engine.get("max_num_batched_tokens") or 2048)
+    tp_dir = folder / f"tp{tp}"
+    dense_rows = _read_csv(tp_dir / "dense.csv", ("layer", "tokens", "time_us"))
+    seq_rows = _read_csv(tp_dir / "per_sequence.csv", ("layer", "sequences", "time_us"))
+    att_rows = _read_csv(tp_dir / "attention.csv", ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us"))
+    dense_points: dict[str, dict[float, float]] = {}
+    for r in dense_rows:
+        dense_points.setdefault(r["layer"], {})[r["tokens"]] = r["time_us"]
+    seq_points: dict[str, dict[float, float]] = {}
+    for r in seq_rows:
+        seq_points.setdefault(r["layer"], {})[r["sequences"]] = r["time_us"]
+    block_layers, step_layers = _layer_order(folder, architecture, sorted(dense_points), notes)
+    missing = [layer for layer in block_layers + step_layers if layer not in dense_points]
+    if missing:
+        raise ProfileError(f"{tp_dir / 'dense.csv'}: no rows for layer(s) {missing} of the {architecture} block")
+    attention = {(int(r["prefill_chunk"]), int(r["kv_prefill"]), int(r["n_decode"]), int(r["kv_decode"])):
+                 r["time_us"] * 1e-6 for r in att_rows}
+    return KernelProfile(folder, model, architecture, tp, num_layers, budget, block_layers, step_layers, notes,
+                         {k: _Curve(v) for k, v in dense_points.items()},
+                         {k: _Curve(v) for k, v in seq_points.items()}, attention)
+
+
+def _layer_order(folder: Path, architecture: str, dense_layers: list[str], notes: list[str]) -> tuple[list, list]:
+    """(a block's dense layers, the once-per-step dense layers) in the architecture's order."""
+    catalog = _walk_up(folder, Path("profiler/models") / f"{architecture}.yaml") if architecture else None
+    if catalog is not None:
+        seq = (yaml.safe_load(catalog.read_text()) or {}).get("sequence") or {}
+        block = [layer for part in ("pre_attn", "post_attn", "mlp_dense", "mlp_moe") for layer in seq.get(part) or []
+                 if layer != "attention"]
+        once = list(seq.get("prologue") or []) + [layer for layer in seq.get("head") or []
+                                                   if layer not in ("lm_head", "sampler")]
+        notes.append(f"layer order from {catalog}")
+        return block, once
+    once = [layer for layer in ("embedding", "final_layernorm") if layer in dense_layers]
+    block = [layer for layer in dense_layers if layer not in once]
+    if "layernorm" in block:
+        block.append("layernorm")  # before attention and before the MLP
+    notes.append(f"no profiler/models/{architecture}.yaml above the folder: every dense layer once per block "
+                 "(layernorm twice), embedding and final layernorm once per step")
+    return block, once

@@ -1,0 +1,150 @@
+"""The step-cost model fitted to a kernel profile's composed steps (loadgen/sim/kernel_profile.py),
+and how well it fits each kind of step.
+
+Every profiled point a vLLM step can be (prefill-only, decode-only, mixed; at most the step
+budget of tokens) is a row: its features are the model's (``Measurement``: one step, T tokens,
+the chunk's attention c (p + c / 2), the decodes' context n kv, and that context again when the
+step also prefills) and its seconds the composed kernel time. The fit is least squares on
+relative error with constants >= 0, as ``fit_cost_model``, each kind weighing the same however
+many rows it has (the profile's grid holds ~100 mixed points for every decode-only one).
+
+Beside the model's own fit, the same rows are fitted with one more constant, a cost per decode
+token apart from a prefill token's (on a GPU a decode token in a batch costs far less: the
+weights stream once per step). The engines do not price decode tokens apart yet: that fit is
+reported, not written, so a user sees what the term would buy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .cost import StepCostModel, _nnls_small
+from .kernel_profile import KernelProfile, ProfiledStep
+
+KINDS = ("prefill", "decode", "mixed")
+NAMES = ("t0_s", "a_s_per_token", "b_s_per_token2", "g_s_per_token", "mixed_decode_s_per_token")
+DECODE_TOKEN = "decode_s_per_token"
+
+
+def _features(step: ProfiledStep, decode_apart: bool) -> list[float]:
+    c, p, n, kv = step.prefill_chunk, step.kv_prefill, step.n_decode, step.kv_decode
+    tokens = [float(c), float(n)] if decode_apart else [float(c + n)]
+    return [1.0, *tokens, c * (p + c / 2.0), float(n * kv), float(n * kv) if c else 0.0]
+
+
+def _solve(steps: Sequence[ProfiledStep], decode_apart: bool) -> np.ndarray:
+    X = np.array([_features(s, decode_apart) for s in steps], dtype=float)
+    y = np.array([s.kernel_s for s in steps], dtype=float)
+    counts = {k: sum(1 for s in steps if s.kind == k) for k in KINDS}
+    w = np.array([1.0 / math.sqrt(counts[s.kind]) for s in steps])  # each kind weighs the same
+    scale = X.max(axis=0)
+    scale[scale == 0] = 1.0
+    A = (X / scale) / y[:, None] * w[:, None]
+    return _nnls_small(A, w) / scale
+
+
+@dataclass
+class ProfileFit:
+    profile: KernelProfile
+    steps: list[ProfiledStep]
+    coefficients: dict  # the model's constants (NAMES)
+    intervals: dict  # name -> (low, high), bootstrap over rows within each kind
+    with_decode_token: dict  # the fit with a decode-token constant (NAMES + DECODE_TOKEN)
+    residuals: list[float]  # relative, per step, of the model's fit
+    residuals_decode_token: list[float]
+
+    def model(self, name: str) -> StepCostModel:
+        c = self.coefficients
+        return StepCostModel(c["t0_s"], c["a_s_per_token"], c["b_s_per_token2"], c["g_s_per_token"], name=name,
+                             mixed_decode_s_per_token=c["mixed_decode_s_per_token"], flavor="vllm")
+
+    def residual_rows(self, residuals: Sequence[float]) -> list[dict]:
+        """Per step kind and context band: rows, mean signed and p90 |relative residual|."""
+        out = []
+        for kind in KINDS:
+            for lo, hi in ((0, 1024), (1024, 4096), (4096, math.inf)):
+                picked = [r for s, r in zip(self.steps, residuals) if s.kind == kind and lo <= _context(s) < hi]
+                if not picked:
+                    continue
+                a = np.abs(picked)
+                out.append({"kind": kind, "context": f"{lo}-{'' if hi == math.inf else int(hi)}", "rows": len(picked),
+                            "mean": float(np.mean(picked)), "p90_abs": float(np.percentile(a, 90))})
+        return out
+
+    def table(self) -> str:
+        p = self.profile
+        lines = [f"kernel profile {p.folder}: {p.model} ({p.architecture}), tp {p.tp}, {p.num_layers} layers; "
+                 f"{len(self.steps)} steps ({', '.join(f'{k} {sum(s.kind == k for s in self.steps)}' for k in KINDS)})"]
+        lines += [f"  note: {n}" for n in p.notes]
+        units = {"t0_s": (1e3, "ms"), "a_s_per_token": (1e6, "us/token"), "b_s_per_token2": (1e9, "ns/token^2"),
+                 "g_s_per_token": (1e9, "ns/token"), "mixed_decode_s_per_token": (1e9, "ns/token"),
+                 DECODE_TOKEN: (1e6, "us/token")}
+        lines.append("fitted step model (95% bootstrap intervals, rows resampled within each kind):")
+        for name in NAMES:
+            k, unit = units[name]
+            lo, hi = self.intervals[name]
+            lines.append(f"  {name:26s} {self.coefficients[name] * k:10.4g} {unit:10s} [{lo * k:.4g}, {hi * k:.4g}]")
+        lines.append("residuals (model - profile) / profile by step kind and context (tokens attended):")
+        lines += _residual_lines(self.residual_rows(self.residuals))
+        d = self.with_decode_token
+        lines.append(f"with a decode-token cost apart (not written: the engines price every token alike): "
+                     f"a={d['a_s_per_token'] * 1e6:.4g} us/prefill token, "
+                     f"decode={d[DECODE_TOKEN] * 1e6:.4g} us/decode token, t0={d['t0_s'] * 1e3:.4g} ms:")
+        lines += _residual_lines(self.residual_rows(self.residuals_decode_token))
+        lines.append("kernel time only: a profile has no host time (scheduling, input preparation, output "
+                     "processing), which a real step adds")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        p = self.profile
+        return {"profile": str(p.folder), "model": p.model, "architecture": p.architecture, "tp": p.tp,
+                "num_layers": p.num_layers, "notes": p.notes, "num_steps": len(self.steps),
+                "coefficients": self.coefficients,
+                "intervals": {k: {"low": lo, "high": hi} for k, (lo, hi) in self.intervals.items()},
+                "residuals": self.residual_rows(self.residuals),
+                "with_decode_token": {"coefficients": self.with_decode_token,
+                                      "residuals": self.residual_rows(self.residuals_decode_token)}}
+
+
+def _context(step: ProfiledStep) -> int:
+    return step.kv_decode if step.kind == "decode" else step.kv_prefill + step.prefill_chunk
+
+
+def _residual_lines(rows: list[dict]) -> list[str]:
+    return [f"  {r['kind']:8s} context {r['context']:>10s}: {r['rows']:6d} steps, mean {100 * r['mean']:+6.1f}%, "
+            f"p90 |resid| {100 * r['p90_abs']:5.1f}%" for r in rows]
+
+
+def _named(coef: np.ndarray, decode_apart: bool) -> dict:
+    names = (["t0_s", "a_s_per_token", DECODE_TOKEN] if decode_apart else ["t0_s", "a_s_per_token"]) + list(NAMES[2:])
+    return {n: float(v) for n, v in zip(names, coef)}
+
+
+def _relative(steps: Sequence[ProfiledStep], coef: np.ndarray, decode_apart: bool) -> list[float]:
+    X = np.array([_features(s, decode_apart) for s in steps], dtype=float)
+    y = np.array([s.kernel_s for s in steps])
+    return [float(r) for r in (X @ coef - y) / y]
+
+
+def fit_profile(profile: KernelProfile, rng: np.random.Generator, num_resamples: int = 100) -> ProfileFit:
+    steps = profile.steps()
+    present = {s.kind for s in steps}
+    if not {"prefill", "decode"} <= present:
+        raise ValueError(f"{profile.folder}: the fit needs prefill-only and decode-only steps; the profile has "
+                         f"{sorted(present)}")
+    coef = _solve(steps, False)
+    by_kind = {k: [s for s in steps if s.kind == k] for k in KINDS}
+    draws = []
+    for _ in range(num_resamples):
+        sample = [m[i] for m in by_kind.values() if m for i in rng.integers(0, len(m), size=len(m))]
+        draws.append(_solve(sample, False))
+    draws = np.array(draws)
+    intervals = {n: (float(np.percentile(draws[:, i], 2.5)), float(np.percentile(draws[:, i], 97.5)))
+                 for i, n in enumerate(NAMES)}
+    apart = _solve(steps, True)
+    return ProfileFit(profile, steps, _named(coef, False), intervals, _named(apart, True),
+                      _relative(steps, coef, False), _relative(steps, apart, True))

@@ -1,0 +1,143 @@
+"""A GPU's step cost from a kernel profile (loadgen/sim/kernel_profile.py, profile_fit.py,
+`loadgen calibrate --from-profile`): steps composed from per-layer rows, the fit, bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from loadgen.sim.kernel_profile import ProfileError, load_profile
+from loadgen.sim.profile_fit import fit_profile
+
+EXTRACT = (Path(__file__).parent / "fixtures" / "llmservingsim" / "profiler" / "perf" / "RTXPRO6000" / "meta-llama"
+           / "Llama-3.1-8B" / "bf16")
+
+
+def _rows(name: str) -> list[dict]:
+    with (EXTRACT / "tp1" / name).open() as f:
+        return list(csv.DictReader(f))
+
+
+def _dense(layer: str, tokens: int) -> float:
+    return next(float(r["time_us"]) for r in _rows("dense.csv") if r["layer"] == layer and int(r["tokens"]) == tokens)
+
+
+def _per_sequence(layer: str, sequences: int) -> float:
+    return next(float(r["time_us"]) for r in _rows("per_sequence.csv")
+                if r["layer"] == layer and int(r["sequences"]) == sequences)
+
+
+def _attention(c: int, p: int, n: int, kv: int) -> float:
+    return next(float(r["time_us"]) for r in _rows("attention.csv")
+                if (int(r["prefill_chunk"]), int(r["kv_prefill"]), int(r["n_decode"]), int(r["kv_decode"])) == (c, p, n, kv))
+
+
+BLOCK = ("layernorm", "qkv_proj", "rotary_emb", "o_proj", "layernorm", "gate_up_proj", "act_fn", "down_proj")
+
+
+@pytest.mark.parametrize("c, p, n, kv, tokens, head", [
+    (0, 0, 128, 1024, 128, lambda: _per_sequence("lm_head", 128) + _per_sequence("sampler", 128)),
+    (512, 0, 0, 0, 512, lambda: _per_sequence("lm_head", 1) + _per_sequence("sampler", 1)),
+    # 17 sequences (16 decodes and the chunk's request): a quarter of the way from 16 to 20
+    (256, 1024, 16, 2048, 272, lambda: sum(_per_sequence(x, 16) + (_per_sequence(x, 20) - _per_sequence(x, 16)) / 4
+                                           for x in ("lm_head", "sampler"))),
+])
+def test_a_step_is_the_llama_order_of_its_layers_rows(c, p, n, kv, tokens, head):
+    profile = load_profile(EXTRACT)
+    assert (profile.num_layers, profile.tp, profile.architecture) == (32, 1, "llama")  # from the model's config
+    by_hand_us = (_dense("embedding", tokens) + _dense("final_layernorm", tokens) + head()
+                  + 32 * (sum(_dense(layer, tokens) for layer in BLOCK) + _attention(c, p, n, kv)))
+    assert profile.kernel_s(c, p, n, kv) == pytest.approx(by_hand_us * 1e-6, rel=1e-12)
+
+
+def _synthetic_profile(root: Path, truth: dict, layers: int = 4) -> Path:
+    """A profile whose steps follow the step model exactly: every dense layer a + b T, the head
+    constant, attention b' c (p + c / 2) + g' n kv (+ m' n kv beside a chunk)."""
+    folder = root / "perf" / "GPU" / "org" / "m" / "bf16"
+    (folder / "tp1").mkdir(parents=True)
+    (folder / "meta.yaml").write_text(yaml.safe_dump({"model": "org/m", "architecture": "toy", "tp_degrees": [1],
+                                                      "engine_effective": {"max_num_batched_tokens": 2048}}))
+    dense_layers = ("embedding", "layernorm", "qkv_proj", "down_proj", "final_layernorm")
+    per_layer_a, per_layer_b = 3.0, 0.02  # us, us per token
+    with (folder / "tp1" / "dense.csv").open("w") as f:
+        f.write("layer,tokens,time_us\n")
+        for layer in dense_layers:
+            for t in (1, 16, 64, 256, 1024, 2048):
+                f.write(f"{layer},{t},{per_layer_a + per_layer_b * t}\n")
+    with (folder / "tp1" / "per_sequence.csv").open("w") as f:
+        f.write("layer,sequences,time_us\n" + "".join(f"{x},{s},100\n" for x in ("lm_head", "sampler")
+                                                       for s in (1, 16, 256)))
+    with (folder / "tp1" / "attention.csv").open("w") as f:
+        f.write("prefill_chunk,kv_prefill,n_decode,kv_decode,time_us\n")
+        for c in (0, 16, 256, 1024):
+            for p in (0, 512, 4096):
+                for n, kv in ((0, 0), (1, 128), (64, 1024), (256, 8192)):
+                    if (c == 0 and p) or (c + n == 0):
+                        continue
+                    us = (truth["b"] * c * (p + c / 2) + truth["g"] * n * kv + (truth["m"] * n * kv if c else 0)) / layers
+                    f.write(f"{c},{p},{n},{kv},{us * 1e6}\n")
+    # every dense layer but the embedding and the final layernorm once per block, layernorm twice
+    block = len(dense_layers) - 2 + 1
+    truth.update(t0=(2 + layers * block) * per_layer_a * 1e-6 + 200e-6, a=(2 + layers * block) * per_layer_b * 1e-6)
+    return folder
+
+
+def test_the_fit_recovers_the_coefficients_a_profile_was_made_with(tmp_path):
+    truth = {"b": 3e-9, "g": 90e-9, "m": 150e-9}
+    folder = _synthetic_profile(tmp_path, truth)
+    fit = fit_profile(load_profile(folder, num_layers=4), np.random.default_rng(1), num_resamples=10)
+    got = fit.coefficients
+    for name, key in (("t0_s", "t0"), ("a_s_per_token", "a"), ("b_s_per_token2", "b"), ("g_s_per_token", "g"),
+                      ("mixed_decode_s_per_token", "m")):
+        assert got[name] == pytest.approx(truth[key], rel=1e-6), name
+        low, high = fit.intervals[name]
+        assert low <= got[name] * (1 + 1e-9) and high >= got[name] * (1 - 1e-9)
+    assert max(abs(r) for r in fit.residuals) < 1e-6
+    # the same tokens priced alike: the decode-token constant comes out as a's
+    assert fit.with_decode_token["decode_s_per_token"] == pytest.approx(truth["a"], rel=1e-6)
+
+
+def _calibrate(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "loadgen.cli", "calibrate", *args], capture_output=True, text=True)
+
+
+def test_calibrate_from_a_profile_writes_a_cost_model_the_simulator_reads(tmp_path):
+    truth = {"b": 3e-9, "g": 90e-9, "m": 150e-9}
+    folder = _synthetic_profile(tmp_path, truth)
+    out = tmp_path / "cost.json"
+    proc = _calibrate("--from-profile", str(folder), "--layers", "4", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "residuals (model - profile) / profile by step kind" in proc.stdout and "decode" in proc.stdout
+    from loadgen.sim.cost import StepCostModel
+
+    model = StepCostModel.from_file(out)
+    assert model.g_s_per_token == pytest.approx(90e-9, rel=1e-6) and model.name == "cost"
+    assert json.loads(out.with_suffix(".fit.json").read_text())["num_layers"] == 4
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--tp", "2"], "--tp 2: the profile has tp [1]"),
+    ([], "the layer count of org/m is unknown: pass --layers N"),
+    (["--layers", "4", "--endpoint", "http://127.0.0.1:9"], "not both"),
+])
+def test_bad_profile_input_exits_2_naming_it(tmp_path, args, expected):
+    folder = _synthetic_profile(tmp_path, {"b": 3e-9, "g": 90e-9, "m": 0.0})
+    proc = _calibrate("--from-profile", str(folder), "--out", str(tmp_path / "c.json"), *args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert expected in proc.stderr
+
+
+def test_a_missing_column_or_folder_is_named(tmp_path):
+    folder = _synthetic_profile(tmp_path, {"b": 3e-9, "g": 90e-9, "m": 0.0})
+    (folder / "tp1" / "dense.csv").write_text("layer,time_us\nqkv_proj,3\n")
+    with pytest.raises(ProfileError, match=r"dense.csv: missing column\(s\) \['tokens'\]"):
+        load_profile(folder, num_layers=4)
+    with pytest.raises(ProfileError, match="no meta.yaml"):
+        load_profile(tmp_path)
