@@ -159,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
                                             "profiled)")
     cal.add_argument("--layers", type=int, help="with --from-profile: the model's layer count (default: from "
                                                 "configs/model/<model>.json above the folder)")
+    cal.add_argument("--host-s-per-step", type=float, metavar="SECONDS",
+                     help="with --from-profile: the host time every step adds beside its kernels (scheduling, "
+                          "input preparation, output processing), which a kernel profile cannot see; written as its "
+                          "own term (host_s_per_step), never folded into t0 (default 0: kernel time only)")
     cal.add_argument("--model", help="served model name (default: the first one served)")
     cal.add_argument("--out", help="cost.json to write (a .fit.json with the rows goes beside it); "
                                   "required unless --check")

@@ -320,8 +320,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if args.endpoint is None:
         raise SpecError("calibrate: give --endpoint URL (the engine to measure) or --from-profile DIR (a kernel "
                         "profile to fit)")
-    if args.tp is not None or args.layers is not None:
-        raise SpecError("calibrate: --tp and --layers go with --from-profile")
+    if args.tp is not None or args.layers is not None or args.host_s_per_step is not None:
+        raise SpecError("calibrate: --tp, --layers and --host-s-per-step go with --from-profile")
     url = _endpoint_url(args.endpoint)
     if not args.out and not args.check:
         raise SpecError("calibrate: give --out (the cost.json to write), --check COST_MODEL, or both")
@@ -365,17 +365,22 @@ def _calibrate_from_profile(args: argparse.Namespace) -> int:
                         "then compare the two cost.json files")
     if args.tp is not None and args.tp < 1:
         raise SpecError(f"--tp must be >= 1 (a tensor-parallel degree), got {args.tp}")
+    host_s = 0.0 if args.host_s_per_step is None else args.host_s_per_step
+    if not (host_s >= 0 and host_s < float("inf")):
+        raise SpecError(f"--host-s-per-step must be a number of seconds >= 0, got {args.host_s_per_step}")
     try:
         profile = load_profile(args.from_profile, args.tp, args.layers)
         fit = fit_profile(profile, rng_for(Stream.CALIBRATION_BOOTSTRAP, args.seed or 0))
     except (ProfileError, ValueError) as exc:
         raise SpecError(f"--from-profile: {exc}") from None
     out = Path(args.out)
-    model = fit.model(args.name or out.stem)
+    model = fit.model(args.name or out.stem, host_s)
     write_json_atomic(out, model.to_json())  # before printing: a closed stdout does not lose the fit
     write_json_atomic(out.with_suffix(".fit.json"), fit.to_json())
     print(fit.table())
-    print(f"cost model: {out} (kernel time only; the fit and its residuals: {out.with_suffix('.fit.json')})")
+    host = (f"kernels and {host_s * 1e3:g} ms of host time a step" if host_s
+            else "kernel time only: pass --host-s-per-step for the host's share")
+    print(f"cost model: {out} ({host}; the fit and its residuals: {out.with_suffix('.fit.json')})")
     return 0
 
 

@@ -43,7 +43,8 @@ class TurnCosts:
 
 def turn_costs(shape: SessionShape, cost: StepCostModel) -> list[TurnCosts]:
     """Per turn of ``shape``: the step-cost model's work for it warm and cold (block rounding ignored)."""
-    a, b, g, t0 = cost.a_s_per_token, cost.b_s_per_token2, cost.g_s_per_token, cost.t0_s
+    a, b, g, t0 = cost.a_s_per_token, cost.b_s_per_token2, cost.g_s_per_token, cost.t0_s + cost.host_s_per_step
+    dd = cost.decode_token_delta_s()  # output tokens are decodes (0.0 unless the model prices them apart)
     shared = shape.shared_prefix_tokens
     out = []
     prompt = shape.initial_tokens
@@ -52,9 +53,9 @@ def turn_costs(shape: SessionShape, cost: StepCostModel) -> list[TurnCosts]:
         # warm: the first turn finds the shared prompt, a later one its previous prompt and output
         new = prompt - shared if k == 0 else shape.growth_tokens[k - 1]
         decode = g * (o * prompt + o * o / 2)
-        warm = a * (new + o) + b * new * (prompt - new + new / 2) + decode
+        warm = a * (new + o) + b * new * (prompt - new + new / 2) + decode + dd * o
         cold_new = prompt - shared
-        cold = a * (cold_new + o) + b * cold_new * (shared + cold_new / 2) + decode
+        cold = a * (cold_new + o) + b * cold_new * (shared + cold_new / 2) + decode + dd * o
         # alone, every output token is one step (the prefill step samples the first)
         out.append(TurnCosts(prompt, o, warm, cold, o * t0 + warm))
         if k < shape.num_turns - 1:

@@ -2,6 +2,7 @@
 
     t = t0 + a * N_tok + b * sum_chunks n_i * (c_i + n_i / 2) + g * sum_decodes ctx_j
           [+ m * sum_decodes ctx_j in a step that also runs a prefill chunk]
+          [+ (d - a) * N_dec + h: decode tokens at their own price d, host time h per step]
 
 N_tok: every token scheduled in the step; n_i: a prefill chunk's new tokens, c_i the context
 already in KV before it (so over a whole prompt the b term is b * L^2 / 2 however it is
@@ -55,18 +56,33 @@ class StepCostModel:
     hidden_cpu_s: float = 0.0
     # the engine the constants were measured on ("vllm", "sglang"; "" where not recorded)
     flavor: str = ""
+    # seconds per decode token where it differs from a prefill token's (on a GPU the weights stream
+    # once per step, so a decode token in a batch costs less); None: a_s_per_token, as before
+    decode_s_per_token: Optional[float] = None
+    # host time every step adds beside its kernels (scheduling, input preparation, output
+    # processing): what a kernel profile cannot see; 0 for models fitted to whole steps (in t0)
+    host_s_per_step: float = 0.0
 
     def step_time(self, num_tokens: int, attention_tokens2: float, decode_context_tokens: float,
-                  mixed_decode_context_tokens: float = 0.0) -> float:
+                  mixed_decode_context_tokens: float = 0.0, num_decode_tokens: int = 0) -> float:
         """``mixed_decode_context_tokens``: the decode context of a step that also prefills (the
-        step's ``decode_context_tokens`` then, 0 in a decode-only or prefill-only step)."""
+        step's ``decode_context_tokens`` then, 0 in a decode-only or prefill-only step);
+        ``num_decode_tokens``: of ``num_tokens``, the decodes' (priced at ``decode_s_per_token``).
+        The two newer terms come last and are 0.0 by default: a model without them gives the same
+        bits as before they existed."""
         return (
             self.t0_s
             + self.a_s_per_token * num_tokens
             + self.b_s_per_token2 * attention_tokens2
             + self.g_s_per_token * decode_context_tokens
             + self.mixed_decode_s_per_token * mixed_decode_context_tokens
+            + self.decode_token_delta_s() * num_decode_tokens
+            + self.host_s_per_step
         )
+
+    def decode_token_delta_s(self) -> float:
+        """What a decode token costs beyond a prefill token (negative when less; 0.0 when not set)."""
+        return 0.0 if self.decode_s_per_token is None else self.decode_s_per_token - self.a_s_per_token
 
     def coefficients(self) -> tuple[float, ...]:
         """In the order of ``Measurement.features()``."""
@@ -79,9 +95,11 @@ class StepCostModel:
     def to_json(self) -> dict:
         data = asdict(self)
         # a model without these reads as it always has (specs, resume, digests)
-        for optional in ("step_jitter_sigma", MIXED_COEFFICIENT, "hidden_cpu_s", "flavor"):
+        for optional in ("step_jitter_sigma", MIXED_COEFFICIENT, "hidden_cpu_s", "flavor", "host_s_per_step"):
             if not data[optional]:
                 del data[optional]
+        if data["decode_s_per_token"] is None:
+            del data["decode_s_per_token"]
         return data
 
     @classmethod
@@ -98,7 +116,8 @@ class StepCostModel:
         if missing:
             raise ValueError(f"missing cost-model coefficients {missing}: a cost model names all of "
                              f"{list(COEFFICIENTS)} (as `loadgen calibrate` writes them)")
-        for name in COEFFICIENTS + ((MIXED_COEFFICIENT,) if MIXED_COEFFICIENT in data else ()):
+        optional = tuple(n for n in (MIXED_COEFFICIENT, "decode_s_per_token", "host_s_per_step") if n in data)
+        for name in COEFFICIENTS + optional:
             value = data[name]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"cost-model coefficient {name}: expected a finite number >= 0, got {value!r}")

@@ -259,7 +259,7 @@ class SimEngine(OffloadScheduling):
                 else:
                     self.prefilling.append(req)
         # a prefill chunk beside the decodes makes the step a mixed one (cost.py's mixed term)
-        step_s = self.step_costs.step_time(num_tokens, attention, decode_ctx, decode_ctx if num_tokens > r else 0.0)
+        step_s = self.step_costs.step_time(num_tokens, attention, decode_ctx, decode_ctx if num_tokens > r else 0.0, r)
         end = start_s + (step_s if self.jitter is None else step_s * self.jitter())
         self._inflight_end = end
         self._last_end_s = self._clock_s = end

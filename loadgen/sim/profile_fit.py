@@ -9,9 +9,9 @@ relative error with constants >= 0, as ``fit_cost_model``, each kind weighing th
 many rows it has (the profile's grid holds ~100 mixed points for every decode-only one).
 
 Beside the model's own fit, the same rows are fitted with one more constant, a cost per decode
-token apart from a prefill token's (on a GPU a decode token in a batch costs far less: the
-weights stream once per step). The engines do not price decode tokens apart yet: that fit is
-reported, not written, so a user sees what the term would buy.
+token apart from a prefill token's (on a GPU a decode token in a batch costs less: the weights
+stream once per step). That term enters the written model only where the profile shows it: when
+its 95% interval excludes the prefill token's cost (``decode_token_supported``).
 """
 
 from __future__ import annotations
@@ -54,13 +54,23 @@ class ProfileFit:
     coefficients: dict  # the model's constants (NAMES)
     intervals: dict  # name -> (low, high), bootstrap over rows within each kind
     with_decode_token: dict  # the fit with a decode-token constant (NAMES + DECODE_TOKEN)
+    intervals_decode_token: dict  # its bootstrap intervals
     residuals: list[float]  # relative, per step, of the model's fit
     residuals_decode_token: list[float]
 
-    def model(self, name: str) -> StepCostModel:
-        c = self.coefficients
+    @property
+    def decode_token_supported(self) -> bool:
+        """The profile prices a decode token apart: the decode constant's interval excludes the
+        prefill token's, and the prefill token's its."""
+        d, a = self.intervals_decode_token[DECODE_TOKEN], self.intervals_decode_token["a_s_per_token"]
+        return d[1] < a[0] or d[0] > a[1]
+
+    def model(self, name: str, host_s_per_step: float = 0.0) -> StepCostModel:
+        """The written model: with the decode-token constant where the profile supports it."""
+        c = self.with_decode_token if self.decode_token_supported else self.coefficients
         return StepCostModel(c["t0_s"], c["a_s_per_token"], c["b_s_per_token2"], c["g_s_per_token"], name=name,
-                             mixed_decode_s_per_token=c["mixed_decode_s_per_token"], flavor="vllm")
+                             mixed_decode_s_per_token=c["mixed_decode_s_per_token"], flavor="vllm",
+                             decode_s_per_token=c.get(DECODE_TOKEN), host_s_per_step=host_s_per_step)
 
     def residual_rows(self, residuals: Sequence[float]) -> list[dict]:
         """Per step kind and context band: rows, mean signed and p90 |relative residual|."""
@@ -90,10 +100,14 @@ class ProfileFit:
             lines.append(f"  {name:26s} {self.coefficients[name] * k:10.4g} {unit:10s} [{lo * k:.4g}, {hi * k:.4g}]")
         lines.append("residuals (model - profile) / profile by step kind and context (tokens attended):")
         lines += _residual_lines(self.residual_rows(self.residuals))
-        d = self.with_decode_token
-        lines.append(f"with a decode-token cost apart (not written: the engines price every token alike): "
-                     f"a={d['a_s_per_token'] * 1e6:.4g} us/prefill token, "
-                     f"decode={d[DECODE_TOKEN] * 1e6:.4g} us/decode token, t0={d['t0_s'] * 1e3:.4g} ms:")
+        d, di = self.with_decode_token, self.intervals_decode_token
+        verdict = ("supported: written to the model" if self.decode_token_supported
+                   else "not supported (its interval holds a's): left out")
+        lines.append(f"with a decode-token cost apart ({verdict}): "
+                     f"a={d['a_s_per_token'] * 1e6:.4g} us/prefill token [{di['a_s_per_token'][0] * 1e6:.4g}, "
+                     f"{di['a_s_per_token'][1] * 1e6:.4g}], decode={d[DECODE_TOKEN] * 1e6:.4g} us/decode token "
+                     f"[{di[DECODE_TOKEN][0] * 1e6:.4g}, {di[DECODE_TOKEN][1] * 1e6:.4g}], "
+                     f"t0={d['t0_s'] * 1e3:.4g} ms:")
         lines += _residual_lines(self.residual_rows(self.residuals_decode_token))
         lines.append("kernel time only: a profile has no host time (scheduling, input preparation, output "
                      "processing), which a real step adds")
@@ -106,7 +120,9 @@ class ProfileFit:
                 "coefficients": self.coefficients,
                 "intervals": {k: {"low": lo, "high": hi} for k, (lo, hi) in self.intervals.items()},
                 "residuals": self.residual_rows(self.residuals),
-                "with_decode_token": {"coefficients": self.with_decode_token,
+                "with_decode_token": {"coefficients": self.with_decode_token, "supported": self.decode_token_supported,
+                                      "intervals": {k: {"low": lo, "high": hi}
+                                                    for k, (lo, hi) in self.intervals_decode_token.items()},
                                       "residuals": self.residual_rows(self.residuals_decode_token)}}
 
 
@@ -136,15 +152,17 @@ def fit_profile(profile: KernelProfile, rng: np.random.Generator, num_resamples:
     if not {"prefill", "decode"} <= present:
         raise ValueError(f"{profile.folder}: the fit needs prefill-only and decode-only steps; the profile has "
                          f"{sorted(present)}")
-    coef = _solve(steps, False)
+    coef, apart = _solve(steps, False), _solve(steps, True)
     by_kind = {k: [s for s in steps if s.kind == k] for k in KINDS}
-    draws = []
+    draws, draws_apart = [], []
     for _ in range(num_resamples):
         sample = [m[i] for m in by_kind.values() if m for i in rng.integers(0, len(m), size=len(m))]
-        draws.append(_solve(sample, False))
-    draws = np.array(draws)
-    intervals = {n: (float(np.percentile(draws[:, i], 2.5)), float(np.percentile(draws[:, i], 97.5)))
-                 for i, n in enumerate(NAMES)}
-    apart = _solve(steps, True)
-    return ProfileFit(profile, steps, _named(coef, False), intervals, _named(apart, True),
-                      _relative(steps, coef, False), _relative(steps, apart, True))
+        draws.append(_named(_solve(sample, False), False))
+        draws_apart.append(_named(_solve(sample, True), True))
+    return ProfileFit(profile, steps, _named(coef, False), _intervals(draws), _named(apart, True),
+                      _intervals(draws_apart), _relative(steps, coef, False), _relative(steps, apart, True))
+
+
+def _intervals(draws: list[dict]) -> dict:
+    return {n: (float(np.percentile([d[n] for d in draws], 2.5)), float(np.percentile([d[n] for d in draws], 97.5)))
+            for n in draws[0]}

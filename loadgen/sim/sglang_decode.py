@@ -27,7 +27,7 @@ class DecodeBatch(OverlapResults):
         c = self.step_costs
         n = len(self.running)
         ctx = self._ctx_const + n * (self.decode_index + 1)
-        return c.t0_s - self._hidden_s + c.a_s * n + c.g_s * ctx, c.g_s * n / 2.0
+        return c.t0_s - self._hidden_s + c.a_s * n + c.g_s * ctx + c.dd_s * n + c.h_s, c.g_s * n / 2.0
 
     def _join(self, r: _Req) -> None:
         r.in_running = True

@@ -11,9 +11,11 @@ cdef class StepCosts:
     cdef public double b_s
     cdef public double g_s
     cdef public double m_s
+    cdef public double dd_s
+    cdef public double h_s
 
     cpdef double step_time(self, double num_tokens, double attention_tokens2, double decode_context_tokens,
-                           double mixed_decode_context_tokens)
+                           double mixed_decode_context_tokens, double num_decode_tokens=*)
 
 
 cdef class StepMachine:

@@ -34,13 +34,16 @@ class StepCosts:
         self.b_s = cost.b_s_per_token2
         self.g_s = cost.g_s_per_token
         self.m_s = cost.mixed_decode_s_per_token
+        self.dd_s = cost.decode_token_delta_s()  # a decode token's cost beyond a prefill token's
+        self.h_s = cost.host_s_per_step
 
     def step_time(self, num_tokens: float, attention_tokens2: float, decode_context_tokens: float,
-                  mixed_decode_context_tokens: float) -> float:
+                  mixed_decode_context_tokens: float, num_decode_tokens: float = 0.0) -> float:
         """``StepCostModel.step_time``: the same terms added in the same order, so the same bits
         (the reference engines in tests/sim/ call the model's own)."""
         return (self.t0_s + self.a_s * num_tokens + self.b_s * attention_tokens2
-                + self.g_s * decode_context_tokens + self.m_s * mixed_decode_context_tokens)
+                + self.g_s * decode_context_tokens + self.m_s * mixed_decode_context_tokens
+                + self.dd_s * num_decode_tokens + self.h_s)
 
 
 class StepMachine:

@@ -53,7 +53,7 @@ class DecodeAggregates(Admission):
         """Step i of a pure-decode stretch from G lasts alpha + 2 * beta * i."""
         c = self.step_costs
         r = self.num_decoders
-        alpha = c.t0_s + c.a_s * r + c.g_s * (self._decoder_ctx_const + r * self.step_index)
+        alpha = c.t0_s + c.a_s * r + c.g_s * (self._decoder_ctx_const + r * self.step_index) + c.dd_s * r + c.h_s
         return alpha, c.g_s * r / 2.0
 
     # ------------------------------------------------------------------ stretches

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import random
+
 import pytest
 
 from loadgen.sim.cost import StepCostModel
@@ -24,3 +27,16 @@ def make_engine(cls, cost: StepCostModel = COST, **knobs):
 @pytest.fixture(params=ENGINE_CLASSES, ids=lambda c: c.__name__)
 def engine_cls(request):
     return request.param
+
+
+def with_gpu_terms(cost: StepCostModel, seed: int) -> StepCostModel:
+    """A decode-token cost apart from a prefill token's and a host time per step, each half the
+    time, from their own generator (the rest of the workload is seed's as before)."""
+    gpu_rng = random.Random(f"gpu-terms/{seed}")
+    if cost.name == "zero":
+        return cost
+    if gpu_rng.random() < 0.5:
+        cost = dataclasses.replace(cost, decode_s_per_token=gpu_rng.uniform(0.1, 1.5) * max(cost.a_s_per_token, 1e-6))
+    if gpu_rng.random() < 0.5:
+        cost = dataclasses.replace(cost, host_s_per_step=gpu_rng.uniform(0.1, 2.0) * max(cost.t0_s, 1e-4))
+    return cost

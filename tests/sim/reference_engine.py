@@ -446,7 +446,7 @@ class ReferenceEngine:
         # vLLM runs the attention of a step with a prefill chunk in it on another path than a
         # decode-only step's: its decodes pay the mixed-step term on top of g
         num_decodes = sum(1 for st, _ in scheduled if st.prefill_done)
-        step_s = self.cost.step_time(num_tokens, attention, decode_ctx)
+        step_s = self.cost.step_time(num_tokens, attention, decode_ctx, 0.0, num_decodes)
         if len(scheduled) > num_decodes:
             step_s += self.cost.mixed_decode_s_per_token * decode_ctx
         self._inflight_end = start_s + step_s

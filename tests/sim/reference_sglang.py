@@ -384,7 +384,7 @@ class ReferenceSGLang:
         for r in self.running:
             r.kv_len += 1
         ctx = sum(r.kv_len for r in self.running)
-        end = start + self._step_time(n, 0.0, ctx)
+        end = start + self._step_time(n, 0.0, ctx, 0.0, n)
         self.inflight_end = end
         self.num_steps += 1
         self.generation_tokens_total += n

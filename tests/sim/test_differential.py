@@ -27,7 +27,7 @@ from loadgen.sim.cost import StepCostModel
 from loadgen.sim.engine import SimEngine
 from loadgen.sim.request import SimRequest
 
-from .conftest import COST, make_engine
+from .conftest import COST, make_engine, with_gpu_terms
 from .reference_engine import ReferenceEngine
 
 
@@ -209,6 +209,7 @@ def random_workload(seed: int, mixed_prefix_lengths: bool = False, with_aborts: 
     if cost.name != "zero" and mixed_rng.random() < 0.5:
         cost = dataclasses.replace(cost, mixed_decode_s_per_token=mixed_rng.uniform(0.1, 3.0) * max(cost.g_s_per_token,
                                                                                                    1e-8))
+    cost = with_gpu_terms(cost, seed)
     flush_at = rng.uniform(0.0, 0.4) if rng.random() < 0.3 else None
     if with_aborts:  # drawn from their own generator: the rest of the workload is seed's as before
         abort_rng = random.Random(f"aborts/{seed}")

@@ -23,7 +23,7 @@ from loadgen.sim.cost import StepCostModel
 from loadgen.sim.request import SimRequest
 from loadgen.sim.sglang_engine import SGLangConfig, SGLangEngine
 
-from .conftest import COST
+from .conftest import COST, with_gpu_terms
 from .reference_sglang import ReferenceSGLang
 from .test_differential import Workload, _close, make_session
 
@@ -59,6 +59,7 @@ def random_workload(seed: int) -> Workload:
     u = rng.random()
     cost = COST if u < 0.7 else StepCostModel(rng.uniform(1e-4, 1e-2), rng.uniform(0, 1e-4),
                                                rng.uniform(0, 1e-7), rng.uniform(0, 1e-6), name="rnd")
+    cost = with_gpu_terms(cost, seed)
     flush_at = rng.uniform(0.0, 0.4) if rng.random() < 0.3 else None
     return Workload(knobs, sessions, cost, flush_at)
 

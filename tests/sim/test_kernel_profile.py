@@ -57,9 +57,10 @@ def test_a_step_is_the_llama_order_of_its_layers_rows(c, p, n, kv, tokens, head)
     assert profile.kernel_s(c, p, n, kv) == pytest.approx(by_hand_us * 1e-6, rel=1e-12)
 
 
-def _synthetic_profile(root: Path, truth: dict, layers: int = 4) -> Path:
+def _synthetic_profile(root: Path, truth: dict, layers: int = 4, decode_extra_s: float = 0.0) -> Path:
     """A profile whose steps follow the step model exactly: every dense layer a + b T, the head
-    constant, attention b' c (p + c / 2) + g' n kv (+ m' n kv beside a chunk)."""
+    constant, attention b' c (p + c / 2) + g' n kv (+ m' n kv beside a chunk) (+ a decode token's
+    extra cost per decode)."""
     folder = root / "perf" / "GPU" / "org" / "m" / "bf16"
     (folder / "tp1").mkdir(parents=True)
     (folder / "meta.yaml").write_text(yaml.safe_dump({"model": "org/m", "architecture": "toy", "tp_degrees": [1],
@@ -81,7 +82,8 @@ def _synthetic_profile(root: Path, truth: dict, layers: int = 4) -> Path:
                 for n, kv in ((0, 0), (1, 128), (64, 1024), (256, 8192)):
                     if (c == 0 and p) or (c + n == 0):
                         continue
-                    us = (truth["b"] * c * (p + c / 2) + truth["g"] * n * kv + (truth["m"] * n * kv if c else 0)) / layers
+                    us = (truth["b"] * c * (p + c / 2) + truth["g"] * n * kv + (truth["m"] * n * kv if c else 0)
+                          + decode_extra_s * n) / layers
                     f.write(f"{c},{p},{n},{kv},{us * 1e6}\n")
     # every dense layer but the embedding and the final layernorm once per block, layernorm twice
     block = len(dense_layers) - 2 + 1
@@ -141,3 +143,42 @@ def test_a_missing_column_or_folder_is_named(tmp_path):
         load_profile(folder, num_layers=4)
     with pytest.raises(ProfileError, match="no meta.yaml"):
         load_profile(tmp_path)
+
+
+def test_a_decode_token_cost_enters_the_model_only_where_the_profile_shows_it(tmp_path):
+    truth = {"b": 3e-9, "g": 90e-9, "m": 150e-9}
+    alike = fit_profile(load_profile(_synthetic_profile(tmp_path / "alike", dict(truth)), num_layers=4),
+                        np.random.default_rng(1), num_resamples=10)
+    assert not alike.decode_token_supported and alike.model("x").decode_s_per_token is None
+    truth_apart = dict(truth)
+    folder = _synthetic_profile(tmp_path / "apart", truth_apart, decode_extra_s=15e-6)
+    apart = fit_profile(load_profile(folder, num_layers=4), np.random.default_rng(1), num_resamples=10)
+    assert apart.decode_token_supported
+    model = apart.model("x", host_s_per_step=0.003)
+    assert model.decode_s_per_token == pytest.approx(truth_apart["a"] + 15e-6, rel=1e-6)
+    assert model.a_s_per_token == pytest.approx(truth_apart["a"], rel=1e-6)
+    # a step of 2 decodes and a 100-token chunk: the decodes at their own price, the host time once
+    want = model.step_time(102, 100 * 50.0, 2 * 1000, 2 * 1000) + (15e-6) * 2
+    assert model.step_time(102, 100 * 50.0, 2 * 1000, 2 * 1000, num_decode_tokens=2) == pytest.approx(want, rel=1e-9)
+
+
+def test_host_time_is_its_own_term_and_refused_below_zero(tmp_path):
+    folder = _synthetic_profile(tmp_path, {"b": 3e-9, "g": 90e-9, "m": 0.0})
+    out = tmp_path / "cost.json"
+    proc = _calibrate("--from-profile", str(folder), "--layers", "4", "--out", str(out), "--host-s-per-step", "0.002")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["host_s_per_step"] == 0.002 and data["t0_s"] == pytest.approx(
+        (2 + 4 * 4) * 3e-6 + 200e-6, rel=1e-6)  # t0 is the kernels' alone
+    proc = _calibrate("--from-profile", str(folder), "--layers", "4", "--out", str(out), "--host-s-per-step", "-1")
+    assert proc.returncode == 2 and "--host-s-per-step must be a number of seconds >= 0" in proc.stderr
+
+
+def test_the_gpu_terms_survive_a_cost_json_and_old_files_read_as_before():
+    from loadgen.sim.cost import QWEN3_8B_MI300X, StepCostModel
+
+    assert "decode_s_per_token" not in QWEN3_8B_MI300X.to_json() and "host_s_per_step" not in QWEN3_8B_MI300X.to_json()
+    model = StepCostModel(0.01, 2e-5, 3e-9, 8e-8, name="g", decode_s_per_token=1.5e-5, host_s_per_step=0.004)
+    assert StepCostModel.from_json(model.to_json()) == model
+    with pytest.raises(ValueError, match="decode_s_per_token: expected a finite number >= 0"):
+        StepCostModel.from_json({**model.to_json(), "decode_s_per_token": -1.0})
