@@ -163,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --from-profile: the host time every step adds beside its kernels (scheduling, "
                           "input preparation, output processing), which a kernel profile cannot see; written as its "
                           "own term (host_s_per_step), never folded into t0 (default 0: kernel time only)")
+    cal.add_argument("--host-from-run", metavar="RUN_DIR",
+                     help="with --from-profile: read the host time from a real run of the engine (LLMServingSim's "
+                          "layout: vllm/requests.jsonl and vllm/timeseries.csv): the median of what its decode-only "
+                          "seconds took beyond the fitted kernels")
     cal.add_argument("--model", help="served model name (default: the first one served)")
     cal.add_argument("--out", help="cost.json to write (a .fit.json with the rows goes beside it); "
                                   "required unless --check")

@@ -320,8 +320,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if args.endpoint is None:
         raise SpecError("calibrate: give --endpoint URL (the engine to measure) or --from-profile DIR (a kernel "
                         "profile to fit)")
-    if args.tp is not None or args.layers is not None or args.host_s_per_step is not None:
-        raise SpecError("calibrate: --tp, --layers and --host-s-per-step go with --from-profile")
+    if (args.tp is not None or args.layers is not None or args.host_s_per_step is not None
+            or args.host_from_run is not None):
+        raise SpecError("calibrate: --tp, --layers, --host-s-per-step and --host-from-run go with --from-profile")
     url = _endpoint_url(args.endpoint)
     if not args.out and not args.check:
         raise SpecError("calibrate: give --out (the cost.json to write), --check COST_MODEL, or both")
@@ -368,16 +369,29 @@ def _calibrate_from_profile(args: argparse.Namespace) -> int:
     host_s = 0.0 if args.host_s_per_step is None else args.host_s_per_step
     if not (host_s >= 0 and host_s < float("inf")):
         raise SpecError(f"--host-s-per-step must be a number of seconds >= 0, got {args.host_s_per_step}")
+    if args.host_from_run is not None and args.host_s_per_step is not None:
+        raise SpecError("calibrate: give --host-s-per-step (by hand) or --host-from-run (measured), not both")
     try:
         profile = load_profile(args.from_profile, args.tp, args.layers)
         fit = fit_profile(profile, rng_for(Stream.CALIBRATION_BOOTSTRAP, args.seed or 0))
     except (ProfileError, ValueError) as exc:
         raise SpecError(f"--from-profile: {exc}") from None
     out = Path(args.out)
+    host_lines = []
+    if args.host_from_run is not None:
+        from ..sim.host_time import host_time_from_run
+
+        try:
+            host_s, ticks = host_time_from_run(fit.model("kernels"), args.host_from_run)
+        except ProfileError as exc:
+            raise SpecError(f"--host-from-run: {exc}") from None
+        host_lines = [f"host time from {args.host_from_run}: median {host_s * 1e3:.2f} ms a step over {len(ticks)} "
+                      f"decode-only seconds (step measured - kernels, ms: "
+                      + ", ".join(f"{t.host_s * 1e3:.1f}" for t in ticks) + ")"]
     model = fit.model(args.name or out.stem, host_s)
     write_json_atomic(out, model.to_json())  # before printing: a closed stdout does not lose the fit
     write_json_atomic(out.with_suffix(".fit.json"), fit.to_json())
-    print(fit.table())
+    print("\n".join([fit.table(), *host_lines]))
     host = (f"kernels and {host_s * 1e3:g} ms of host time a step" if host_s
             else "kernel time only: pass --host-s-per-step for the host's share")
     print(f"cost model: {out} ({host}; the fit and its residuals: {out.with_suffix('.fit.json')})")

@@ -182,3 +182,35 @@ def test_the_gpu_terms_survive_a_cost_json_and_old_files_read_as_before():
     assert StepCostModel.from_json(model.to_json()) == model
     with pytest.raises(ValueError, match="decode_s_per_token: expected a finite number >= 0"):
         StepCostModel.from_json({**model.to_json(), "decode_s_per_token": -1.0})
+
+
+def _real_run(root: Path, model, host_s: float, running: int = 16) -> Path:
+    """A run in LLMServingSim's layout whose decode-only seconds took ``model``'s kernels plus ``host_s``
+    a step: ``running`` requests decoding from t=0 to t=10 s, two output tokens each (contexts stay ~1000)."""
+    base = root / "vllm"
+    base.mkdir(parents=True)
+    t0 = 5000.0
+    base.joinpath("requests.jsonl").write_text("".join(
+        json.dumps({"input_toks": 1000, "output_toks": 2, "queued_ts": t0, "first_token_ts": t0,
+                    "last_token_ts": t0 + 10.0}) + "\n" for _ in range(running)))
+    rows = ["t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct"]
+    for t in range(1, 11):
+        context = running * (1000 + (t - 0.5) / 10.0)  # the time average over the tick
+        step_s = model.step_time(running, 0.0, context, 0.0, running) + host_s
+        rows.append(f"{t},0,{running / step_s},{running},0,0")
+    rows.append("11,500,10,1,0,0")  # a prefill second: not decode-only
+    base.joinpath("timeseries.csv").write_text("\n".join(rows) + "\n")
+    return root
+
+
+def test_the_host_time_is_read_from_a_real_runs_decode_only_seconds(tmp_path):
+    from loadgen.sim.cost import StepCostModel
+    from loadgen.sim.host_time import host_time_from_run
+
+    model = StepCostModel(0.011, 2.6e-5, 2.7e-9, 8.5e-8, decode_s_per_token=2.0e-5)
+    host_s, ticks = host_time_from_run(model, _real_run(tmp_path / "run", model, 0.0015))
+    assert len(ticks) == 10 and host_s == pytest.approx(0.0015, rel=1e-3)
+    folder = _synthetic_profile(tmp_path / "profile", {"b": 3e-9, "g": 90e-9, "m": 0.0})
+    proc = _calibrate("--from-profile", str(folder), "--layers", "4", "--out", str(tmp_path / "c.json"),
+                      "--host-from-run", str(tmp_path / "nowhere"))
+    assert proc.returncode == 2 and "--host-from-run:" in proc.stderr and "cannot read" in proc.stderr
