@@ -185,7 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--strict", action="store_true",
                      help="exit 1 when repeats disagree by more than 15%% or this machine was busy")
     cal.add_argument("--force", action="store_true",
-                     help="write the cost.json even when a coefficient's interval is wider than its value")
+                     help="write the cost.json even when a coefficient's interval is wider than its value (with "
+                          "--from-profile: even when a step kind's p90 |residual| is above 30%%)")
     cal.add_argument("--context", type=int, metavar="TOKENS",
                      help="with --check: the workload's typical context, where the cold-turn cost is compared "
                           "(default: the median cold row)")

@@ -352,6 +352,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
                               force=args.force, typical_context=args.context, time_scale=args.time_scale)
 
 
+PROFILE_MAX_P90 = 0.30  # calibrate --from-profile writes no model whose p90 |residual| of a step kind is above
+
+
 def _calibrate_from_profile(args: argparse.Namespace) -> int:
     """loadgen calibrate --from-profile: the step model fitted to a kernel profile's composed steps."""
     from ..core.recording import write_json_atomic
@@ -389,8 +392,19 @@ def _calibrate_from_profile(args: argparse.Namespace) -> int:
                       f"decode-only seconds (step measured - kernels, ms: "
                       + ", ".join(f"{t.host_s * 1e3:.1f}" for t in ticks) + ")"]
     model = fit.model(args.name or out.stem, host_s)
-    write_json_atomic(out, model.to_json())  # before printing: a closed stdout does not lose the fit
-    write_json_atomic(out.with_suffix(".fit.json"), fit.to_json())
+    worst = {kind: p90 for kind, p90 in fit.p90_by_kind().items() if p90 > PROFILE_MAX_P90}
+    write_json_atomic(out.with_suffix(".fit.json"), fit.to_json())  # before printing: a closed stdout loses nothing
+    if worst and not args.force:
+        print("\n".join([fit.table(), *host_lines]))
+        print(f"not written: the step model does not describe this profile (p90 |residual| "
+              + ", ".join(f"{100 * v:.0f}% {k}" for k, v in worst.items())
+              + f", above {100 * PROFILE_MAX_P90:.0f}%)"
+              + ("; an MoE step's expert time saturates with the experts its tokens activate, which no term of the "
+                 "model follows" if profile.moe is not None else "")
+              + f". --force writes {out} anyway "
+              f"(the fit and its residuals: {out.with_suffix('.fit.json')})", file=sys.stderr)
+        return 1
+    write_json_atomic(out, model.to_json())
     print("\n".join([fit.table(), *host_lines]))
     host = (f"kernels and {host_s * 1e3:g} ms of host time a step" if host_s
             else "kernel time only: pass --host-s-per-step for the host's share")

@@ -19,14 +19,20 @@ layernorm twice, the embedding and final layernorm once per step):
 with T the step's tokens (chunk + decodes) and S its sequences (decodes, and the chunk's request,
 whose logits vLLM computes too). ``dense`` and ``per_sequence`` are interpolated linearly between
 profiled sizes; attention is read at profiled points only (the fit's steps are those points).
+
+An MoE block's ``moe`` layer (``moe.csv``: ``tokens``, ``activated_experts``, ``time_us``) is read
+at the experts a step of T tokens activates, assuming the router spreads tokens uniformly and
+independently: E = N (1 - (1 - k / N)^T) of N experts with k per token (the model config's
+``num_experts`` and ``num_experts_per_tok``), interpolated linearly in experts, then in tokens.
+
 A kernel profile has no host time (scheduling, input preparation, output processing): it is the
-GPU's share of a step only. TP all-reduce is not in the tables and not added. MoE layers
-(``moe.csv``) are not composed yet.
+GPU's share of a step only. TP all-reduce and EP all-to-all are not in the tables and not added.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +94,8 @@ class _Curve:
 
     def __call__(self, x: float) -> float:
         xs, ys = self.xs, self.ys
+        if len(xs) == 1:  # one profiled size (one token activates only k experts): that time
+            return ys[0]
         if x <= xs[0]:
             return ys[0] * (x / xs[0]) if xs[0] > 0 else ys[0]
         i = bisect_left(xs, x)
@@ -95,6 +103,27 @@ class _Curve:
             i -= 1  # beyond the table: the last segment's slope
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
         return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+class _MoeTable:
+    """moe(T): the profiled time at the experts T tokens activate (see the module docstring)."""
+
+    def __init__(self, rows: list[dict], num_experts: int, experts_per_token: int) -> None:
+        self.num_experts, self.per_token = num_experts, experts_per_token
+        by_tokens: dict[float, dict[float, float]] = {}
+        for r in rows:
+            by_tokens.setdefault(r["tokens"], {})[r["activated_experts"]] = r["time_us"]
+        self.tokens = sorted(by_tokens)
+        self.curves = [_Curve(by_tokens[t]) for t in self.tokens]
+
+    def activated(self, tokens: float) -> float:
+        n, k = self.num_experts, self.per_token
+        return n * (1.0 - (1.0 - k / n) ** tokens)
+
+    def __call__(self, tokens: float) -> float:
+        experts = self.activated(tokens)
+        at = [curve(experts) for curve in self.curves]
+        return _Curve(dict(zip(self.tokens, at)))(tokens)
 
 
 @dataclass
@@ -111,6 +140,7 @@ class KernelProfile:
     dense: dict[str, _Curve]
     per_sequence: dict[str, _Curve]
     attention: dict[tuple[int, int, int, int], float]  # seconds for one layer
+    moe: Optional[_MoeTable] = None  # an MoE block's expert layer
 
     def kernel_s(self, prefill_chunk: int, kv_prefill: int, n_decode: int, kv_decode: int) -> float:
         """The composed kernel time of a step at a profiled attention point."""
@@ -121,7 +151,10 @@ class KernelProfile:
                                f"n_decode={n_decode}, kv_decode={kv_decode}")
         tokens = prefill_chunk + n_decode
         sequences = n_decode + (1 if prefill_chunk else 0)
-        block = sum(self.dense[layer](tokens) for layer in self.block_layers) * 1e-6 + attention
+        dense_us = sum(self.dense[layer](tokens) for layer in self.block_layers if layer != "moe")
+        if self.moe is not None:
+            dense_us += self.moe(tokens)
+        block = dense_us * 1e-6 + attention
         once = sum(self.dense[layer](tokens) for layer in self.step_layers) * 1e-6
         head = sum(curve(sequences) for curve in self.per_sequence.values()) * 1e-6
         return once + self.num_layers * block + head
@@ -166,19 +199,25 @@ def load_profile(folder: str | Path, tp: Optional[int] = None, num_layers: Optio
         tp = degrees[0]
     elif tp not in degrees:
         raise ProfileError(f"--tp {tp}: the profile has tp {degrees} ({folder})")
-    if (folder / f"tp{tp}" / "moe.csv").is_file():
-        raise ProfileError(f"{folder / f'tp{tp}' / 'moe.csv'}: MoE layers are not composed yet (a dense model's "
-                           "profile only)")
     notes: list[str] = []
+    config_path = _walk_up(folder, Path("configs/model") / f"{model}.json")
+    config = json.loads(config_path.read_text()) if config_path is not None else {}
     if num_layers is None:
-        config = _walk_up(folder, Path("configs/model") / f"{model}.json")
-        if config is None:
+        if "num_hidden_layers" not in config:
             raise ProfileError(f"the layer count of {model or 'the model'} is unknown: pass --layers N (no "
                                f"configs/model/{model}.json above {folder})")
-        import json
-
-        num_layers = int(json.loads(config.read_text())["num_hidden_layers"])
-        notes.append(f"{num_layers} layers, from {config}")
+        num_layers = int(config["num_hidden_layers"])
+        notes.append(f"{num_layers} layers, from {config_path}")
+    moe = None
+    moe_path = folder / f"tp{tp}" / "moe.csv"
+    if moe_path.is_file():
+        if not {"num_experts", "num_experts_per_tok"} <= set(config):
+            raise ProfileError(f"{moe_path}: an MoE profile needs the model's num_experts and num_experts_per_tok "
+                               f"(configs/model/{model}.json above {folder})")
+        moe = _MoeTable(_read_csv(moe_path, ("tokens", "activated_experts", "time_us")), int(config["num_experts"]),
+                        int(config["num_experts_per_tok"]))
+        notes.append(f"MoE: {moe.num_experts} experts, {moe.per_token} a token, spread uniformly (a 128-token step "
+                     f"activates {moe.activated(128):.1f})")
     if num_layers < 1:
         raise ProfileError(f"--layers {num_layers}: expected a layer count >= 1")
     engine = meta.get("engine_effective") or {}
@@ -194,14 +233,15 @@ def load_profile(folder: str | Path, tp: Optional[int] = None, num_layers: Optio
     for r in seq_rows:
         seq_points.setdefault(r["layer"], {})[r["sequences"]] = r["time_us"]
     block_layers, step_layers = _layer_order(folder, architecture, sorted(dense_points), notes)
-    missing = [layer for layer in block_layers + step_layers if layer not in dense_points]
+    missing = [layer for layer in block_layers + step_layers if layer not in dense_points
+               and not (layer == "moe" and moe is not None)]
     if missing:
         raise ProfileError(f"{tp_dir / 'dense.csv'}: no rows for layer(s) {missing} of the {architecture} block")
     attention = {(int(r["prefill_chunk"]), int(r["kv_prefill"]), int(r["n_decode"]), int(r["kv_decode"])):
                  r["time_us"] * 1e-6 for r in att_rows}
     return KernelProfile(folder, model, architecture, tp, num_layers, budget, block_layers, step_layers, notes,
                          {k: _Curve(v) for k, v in dense_points.items()},
-                         {k: _Curve(v) for k, v in seq_points.items()}, attention)
+                         {k: _Curve(v) for k, v in seq_points.items()}, attention, moe)
 
 
 def _layer_order(folder: Path, architecture: str, dense_layers: list[str], notes: list[str]) -> tuple[list, list]:

@@ -65,6 +65,16 @@ class ProfileFit:
         d, a = self.intervals_decode_token[DECODE_TOKEN], self.intervals_decode_token["a_s_per_token"]
         return d[1] < a[0] or d[0] > a[1]
 
+    def p90_by_kind(self) -> dict:
+        """Of the written model, the 90th percentile of |relative residual| per step kind."""
+        res = self.residuals_decode_token if self.decode_token_supported else self.residuals
+        out = {}
+        for kind in KINDS:
+            picked = [abs(r) for s, r in zip(self.steps, res) if s.kind == kind]
+            if picked:
+                out[kind] = float(np.percentile(picked, 90))
+        return out
+
     def model(self, name: str, host_s_per_step: float = 0.0) -> StepCostModel:
         """The written model: with the decode-token constant where the profile supports it."""
         c = self.with_decode_token if self.decode_token_supported else self.coefficients

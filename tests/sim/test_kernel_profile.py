@@ -214,3 +214,36 @@ def test_the_host_time_is_read_from_a_real_runs_decode_only_seconds(tmp_path):
     proc = _calibrate("--from-profile", str(folder), "--layers", "4", "--out", str(tmp_path / "c.json"),
                       "--host-from-run", str(tmp_path / "nowhere"))
     assert proc.returncode == 2 and "--host-from-run:" in proc.stderr and "cannot read" in proc.stderr
+
+
+def _moe_profile(tmp_path: Path) -> Path:
+    truth = {"b": 3e-9, "g": 90e-9, "m": 0.0}
+    folder = _synthetic_profile(tmp_path / "perf-root", truth)
+    config = tmp_path / "perf-root" / "configs" / "model" / "org" / "m.json"
+    config.parent.mkdir(parents=True)
+    config.write_text(json.dumps({"num_hidden_layers": 4, "num_experts": 64, "num_experts_per_tok": 4}))
+    with (folder / "tp1" / "moe.csv").open("w") as f:
+        f.write("tokens,activated_experts,time_us\n")
+        for t in (1, 16, 256, 2048):
+            for e in (4, 16, 64):
+                if e <= 4 * t:
+                    f.write(f"{t},{e},{1000.0 * e + 0.5 * t}\n")  # every activated expert streams its weights
+    return folder
+
+
+def test_an_moe_block_reads_its_experts_time_at_the_experts_a_step_activates(tmp_path):
+    folder = _moe_profile(tmp_path)
+    moe = load_profile(folder)
+    assert moe.moe is not None and moe.num_layers == 4
+    # 16 tokens activate 64 (1 - (1 - 4/64)^16) = 41.3 of 64 experts: between the 16- and 64-expert rows
+    experts = 64 * (1 - (1 - 4 / 64) ** 16)
+    want_us = 1000.0 * experts + 0.5 * 16
+    no_moe = load_profile(folder, num_layers=4)
+    no_moe.moe = None
+    assert moe.kernel_s(16, 0, 0, 0) - no_moe.kernel_s(16, 0, 0, 0) == pytest.approx(4 * want_us * 1e-6, rel=1e-9)
+    # the step model has no term that saturates with the experts: the fit is refused, --force writes it
+    out = tmp_path / "moe.json"
+    proc = _calibrate("--from-profile", str(folder), "--out", str(out))
+    assert proc.returncode == 1 and not out.exists() and "an MoE step's expert time saturates" in proc.stderr
+    proc = _calibrate("--from-profile", str(folder), "--out", str(out), "--force")
+    assert proc.returncode == 0 and out.exists()
