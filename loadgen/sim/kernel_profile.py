@@ -66,7 +66,7 @@ class ProfiledStep:
         return self.prefill_chunk + self.n_decode
 
 
-def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict]:
+def _read_csv(path: Path, columns: tuple[str, ...], text: tuple[str, ...] = ("layer",)) -> list[dict]:
     if not path.is_file():
         raise ProfileError(f"{path}: missing (a profile folder holds tp<N>/{path.name})")
     with path.open(newline="") as f:
@@ -77,7 +77,7 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict]:
         rows = []
         for line, row in enumerate(reader, start=2):
             try:
-                rows.append({c: (row[c] if c == "layer" else float(row[c])) for c in columns})
+                rows.append({c: (row[c] if c in text else float(row[c])) for c in columns})
             except (TypeError, ValueError):
                 raise ProfileError(f"{path}: line {line}: expected numbers in {list(columns)}, got {row}") from None
     if not rows:
@@ -141,6 +141,7 @@ class KernelProfile:
     per_sequence: dict[str, _Curve]
     attention: dict[tuple[int, int, int, int], float]  # seconds for one layer
     moe: Optional[_MoeTable] = None  # an MoE block's expert layer
+    skew: Optional[list[dict]] = None  # skew.csv's summary (``skew_summary``), None without one
 
     def kernel_s(self, prefill_chunk: int, kv_prefill: int, n_decode: int, kv_decode: int) -> float:
         """The composed kernel time of a step at a profiled attention point."""
@@ -239,9 +240,41 @@ def load_profile(folder: str | Path, tp: Optional[int] = None, num_layers: Optio
         raise ProfileError(f"{tp_dir / 'dense.csv'}: no rows for layer(s) {missing} of the {architecture} block")
     attention = {(int(r["prefill_chunk"]), int(r["kv_prefill"]), int(r["n_decode"]), int(r["kv_decode"])):
                  r["time_us"] * 1e-6 for r in att_rows}
+    skew_path = tp_dir / "skew.csv"
+    skew = skew_summary(_read_skew(skew_path)) if skew_path.is_file() else None
     return KernelProfile(folder, model, architecture, tp, num_layers, budget, block_layers, step_layers, notes,
                          {k: _Curve(v) for k, v in dense_points.items()},
-                         {k: _Curve(v) for k, v in seq_points.items()}, attention, moe)
+                         {k: _Curve(v) for k, v in seq_points.items()}, attention, moe, skew)
+
+
+def _read_skew(path: Path) -> list[dict]:
+    """skew.csv's rows with an alpha (it is empty where the longest context took no longer than the
+    mean, t_max <= t_mean: nothing to say)."""
+    rows = _read_csv(path, ("regime", "n", "pc", "alpha"), text=("regime", "alpha"))
+    out = []
+    for r in rows:
+        if r["alpha"].strip():
+            try:
+                out.append({**r, "alpha": float(r["alpha"])})
+            except ValueError:
+                raise ProfileError(f"{path}: alpha {r['alpha']!r} is not a number") from None
+    return out
+
+
+def skew_summary(rows: list[dict]) -> list[dict]:
+    """Does a batch of decodes over mixed contexts take its mean context's time (alpha 0: the model's
+    g * sum of contexts) or its longest's (alpha 1)? skew.csv's alpha = (t_skew - t_mean) / (t_max -
+    t_mean) per batch, summarised by regime (decode-only "pure", or beside a prefill chunk) and size."""
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        regime = "decode-only" if r["regime"] == "pure" and not r["pc"] else "beside a chunk"
+        groups.setdefault((regime, "n < 32" if r["n"] < 32 else "n >= 32"), []).append(r["alpha"])
+    out = []
+    for (regime, size), alphas in sorted(groups.items()):
+        alphas.sort()
+        out.append({"regime": regime, "batch": size, "rows": len(alphas),
+                    "median_alpha": alphas[len(alphas) // 2], "p90_alpha": alphas[(9 * len(alphas)) // 10]})
+    return out
 
 
 def _layer_order(folder: Path, architecture: str, dense_layers: list[str], notes: list[str]) -> tuple[list, list]:

@@ -119,6 +119,11 @@ class ProfileFit:
                      f"[{di[DECODE_TOKEN][0] * 1e6:.4g}, {di[DECODE_TOKEN][1] * 1e6:.4g}], "
                      f"t0={d['t0_s'] * 1e3:.4g} ms:")
         lines += _residual_lines(self.residual_rows(self.residuals_decode_token))
+        if p.skew:
+            lines.append("skew.csv: decodes over mixed contexts, alpha 0 = their mean context's time (the model's "
+                         "g * sum of contexts), 1 = their longest's:")
+            lines += [f"  {s['regime']:15s} {s['batch']:8s}: {s['rows']:5d} batches, median alpha "
+                      f"{s['median_alpha']:+.2f}, p90 {s['p90_alpha']:+.2f}" for s in p.skew]
         lines.append("kernel time only: a profile has no host time (scheduling, input preparation, output "
                      "processing), which a real step adds")
         return "\n".join(lines)
@@ -126,7 +131,7 @@ class ProfileFit:
     def to_json(self) -> dict:
         p = self.profile
         return {"profile": str(p.folder), "model": p.model, "architecture": p.architecture, "tp": p.tp,
-                "num_layers": p.num_layers, "notes": p.notes, "num_steps": len(self.steps),
+                "num_layers": p.num_layers, "notes": p.notes, "num_steps": len(self.steps), "skew": p.skew,
                 "coefficients": self.coefficients,
                 "intervals": {k: {"low": lo, "high": hi} for k, (lo, hi) in self.intervals.items()},
                 "residuals": self.residual_rows(self.residuals),

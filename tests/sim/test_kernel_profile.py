@@ -247,3 +247,13 @@ def test_an_moe_block_reads_its_experts_time_at_the_experts_a_step_activates(tmp
     assert proc.returncode == 1 and not out.exists() and "an MoE step's expert time saturates" in proc.stderr
     proc = _calibrate("--from-profile", str(folder), "--out", str(out), "--force")
     assert proc.returncode == 0 and out.exists()
+
+
+def test_skew_rows_say_whether_mixed_contexts_cost_their_mean_or_their_longest(tmp_path):
+    folder = _synthetic_profile(tmp_path, {"b": 3e-9, "g": 90e-9, "m": 0.0})
+    rows = [("pure", 64, 0, "0.0"), ("pure", 64, 0, "0.1"), ("pure", 64, 0, "0.2"), ("mixed", 4, 16, "0.9"),
+            ("mixed", 4, 16, "")]  # an empty alpha: the longest took no longer than the mean
+    (folder / "tp1" / "skew.csv").write_text("regime,n,pc,alpha\n" + "".join(f"{r},{n},{pc},{a}\n" for r, n, pc, a in rows))
+    skew = load_profile(folder, num_layers=4).skew
+    assert skew == [{"regime": "beside a chunk", "batch": "n < 32", "rows": 1, "median_alpha": 0.9, "p90_alpha": 0.9},
+                    {"regime": "decode-only", "batch": "n >= 32", "rows": 3, "median_alpha": 0.1, "p90_alpha": 0.2}]
