@@ -9,18 +9,20 @@ Prompts are real token ids, the same in the simulator and live: the recorded ids
 (``input_tok_ids``), or ids drawn per block hash (``hash_ids``: one recorded id, the same
 ``block_tokens`` ids wherever it appears), or ids unique to the request. So requests that share
 a recorded prefix share those ids: a live server hits on them, and the simulated engines find
-them by their block hashes (vLLM, loadgen/live/prefix_match.py ``BlockHashMatcher``) or token by
+them by their block hashes (vLLM, loadgen/sim/prefix_match.py ``BlockHashMatcher``) or token by
 token (SGLang, ``TokenMatcher``), as serve-sim does with any prompt.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
+
+import numpy as np
 
 from trace_shapes import SessionShape
 from trace_shapes.timed import TimedRequest, TimedTrace
 
-from ..live.prefix_match import BlockHashMatcher, TokenMatcher, chained_hashes
+from ..sim.prefix_match import BlockHashMatcher, TokenMatcher, chained_hashes
 
 VOCAB = 30000  # drawn ids lie in [1, VOCAB), as TokenContext draws them
 MAX_CACHED_BLOCKS = 4096  # hash ids whose drawn ids are kept (a block's ids are the same drawn again)
@@ -30,13 +32,13 @@ class ReplayRun:
     """What the replayed sessions of one run share: where their drawn ids come from, and every
     prefix some request of the run has sent (a turn's ``cacheable_prefix_tokens``)."""
 
-    def __init__(self, trace: TimedTrace, seed: int, arm: str, speed: float, block_size: int) -> None:
-        from .workload import Stream, rng_for  # workload imports this module
-
+    def __init__(self, trace: TimedTrace, speed: float, block_size: int,
+                 draw: Callable[[str, int], np.random.Generator]) -> None:
         self.trace = trace
         self.speed = speed
         self.block_size = block_size  # the granularity of cacheable_prefix_tokens
-        self._rng_for, self._stream, self._key = rng_for, Stream, (seed, arm)
+        # draw("block", hash id) / draw("row", row): the run's keyed generators (workload.replay_plans)
+        self._draw = draw
         self._blocks: dict[int, list[int]] = {}
         self._sent: set[int] = set()
 
@@ -45,7 +47,7 @@ class ReplayRun:
         if ids is None:
             if len(self._blocks) >= MAX_CACHED_BLOCKS:  # a long trace's blocks would not fit: draw again
                 self._blocks.clear()
-            rng = self._rng_for(self._stream.REPLAY_BLOCK, *self._key, hash_id)
+            rng = self._draw("block", hash_id)
             ids = self._blocks[hash_id] = rng.integers(1, VOCAB, size=self.trace.block_tokens).tolist()
         return ids
 
@@ -53,7 +55,7 @@ class ReplayRun:
         """Ids only row ``row`` sends (its rest after its hashes; a row without ids or hashes)."""
         if num_tokens <= 0:
             return []
-        return self._rng_for(self._stream.REPLAY_TOKENS, *self._key, row).integers(1, VOCAB, size=num_tokens).tolist()
+        return self._draw("row", row).integers(1, VOCAB, size=num_tokens).tolist()
 
     def cacheable_tokens(self, token_ids: Sequence[int]) -> int:
         """The longest prefix of ``token_ids`` an earlier request of the run sent, in whole blocks

@@ -31,6 +31,7 @@ from .replica_gates import ReplicaGates
 from .session import RunEnv, run_session
 from .tree_engines import has_trees, start_trees
 from .spec import ExperimentSpec, FlushTrigger, SimEngineSpec
+from .spec.engines import prefix_cache_block_size
 from .workload import Stream, plan_sessions, rng_for
 
 
@@ -247,29 +248,6 @@ def run_info(spec: ExperimentSpec, key: RunKey, engine: str, pool_tokens: Option
         "loadgen_version": __version__,
         "spec": run_spec(spec, key),
     }
-
-
-def prefix_cache_block_size(engine) -> Optional[int]:
-    """The tokens per cache block that hits come in (the ideal hit ratio rounds to them,
-    loadgen/analysis/ideal.py): the simulated engine's block size (vLLM) or page size (SGLang),
-    a launched server's --block-size / --page-size flag or its default (vLLM 16, SGLang 1); None
-    for an endpoint (kind openai), whose preflight reads it from the server."""
-    kind = getattr(engine, "kind", None)
-    if kind == "serve_sim":
-        engine = engine.simulator
-        kind = "sim"
-    if kind == "sim":
-        return engine.sglang.page_size if engine.flavor == "sglang" else engine.block_size
-    if kind in ("vllm", "sglang"):
-        flag, default = ("--block-size", 16) if kind == "vllm" else ("--page-size", 1)
-        flags = list(engine.flags)
-        for i, value in enumerate(flags):
-            if value == flag and i + 1 < len(flags) and flags[i + 1].isdigit():
-                return int(flags[i + 1])
-            if value.startswith(flag + "=") and value.split("=", 1)[1].isdigit():
-                return int(value.split("=", 1)[1])
-        return default
-    return None
 
 
 def _offload_cpu_tokens(engine) -> Optional[int]:

@@ -34,6 +34,7 @@ from .replay import ReplayRun, ReplaySession
 from .seeding import KeyedSeed
 from .spec import (ArmSpec, BurstTrigger, ExperimentSpec, ExtraSessionsTrigger, MixShiftTrigger,
                    RateChangeTrigger, SessionSpec, SyntheticSessionSpec, TreeSessionSpec, build_session_model)
+from .spec.engines import prefix_cache_block_size
 
 TRIGGER_SESSION_ID_BASE = 1_000_000  # trigger j's sessions get ids (j + 1) * this + i
 
@@ -268,11 +269,12 @@ def _shape_streams(model: ShapeModel, shift_model: Optional[ShapeModel],
 def replay_plans(spec: ExperimentSpec, arm: ArmSpec, seed: int) -> list[SessionPlan]:
     """A replayed trace's sessions (loadgen/core/replay.py): one per recorded session, at its first
     request's time / speed; the seed draws only the ids the trace does not record."""
-    from .runner import prefix_cache_block_size  # the runner imports this module
-
     replay = spec.workload.replay
-    run = ReplayRun(replay.trace(), seed, arm.name, replay.speed,
-                    prefix_cache_block_size(spec.engine_for(arm)) or 16)
+
+    def draw(kind: str, key: int) -> np.random.Generator:
+        return rng_for(Stream.REPLAY_BLOCK if kind == "block" else Stream.REPLAY_TOKENS, seed, arm.name, key)
+
+    run = ReplayRun(replay.trace(), replay.speed, prefix_cache_block_size(spec.engine_for(arm)) or 16, draw)
     plans = []
     for i, requests in enumerate(run.trace.sessions()):
         session = ReplaySession(run, requests)

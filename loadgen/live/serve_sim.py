@@ -15,7 +15,7 @@ instead: ``/v1/completions`` (cached tokens in ``usage.prompt_tokens_details`` a
 ``/get_server_info`` (``max_total_num_tokens``), ``/get_model_info``, ``/health`` and
 ``/metrics`` under SGLang's names (``sglang:token_usage``, ``sglang:cache_hit_rate``,
 ``sglang:cached_tokens_total``, ...; no ``sglang:max_total_num_tokens`` gauge, as in 0.5.x).
-Its requests are matched token by token (``TokenMatcher``, loadgen/live/prefix_match.py), since
+Its requests are matched token by token (``TokenMatcher``, loadgen/sim/prefix_match.py), since
 SGLang caches every token. A client that hangs up does not abort its request (the simulated SGLang engine has
 no abort): it runs to its end.
 
@@ -27,7 +27,7 @@ to mark a run whose server fell behind (run.json ``lagging``, docs/results-forma
 
 The simulated engine reasons about streams, not tokens, so requests are mapped onto streams by
 content: block hashes chained as vLLM chains them. With ``--flavor vllm`` any token prompt is
-matched as vLLM matches it (loadgen/live/prefix_match.py): a retried, edited or forked prompt,
+matched as vLLM matches it (loadgen/sim/prefix_match.py): a retried, edited or forked prompt,
 or a prefix shared across sessions, hits every block vLLM's pool would give it; the
 ``X-Loadgen-Prefix-Tokens`` header that loadgen's client sends (real servers ignore it) only
 makes a shared system prompt a stream of its own from the start; ``--flavor sglang`` matches
@@ -50,11 +50,11 @@ from ..core.clock import WallClock
 from ..core.engines import SimEngineClient
 from ..core.workload import Stream, rng_for
 from .http_client import LAG_PATH
-from .prefix_match import BlockHashMatcher, Placement, TokenMatcher
+from ..sim.prefix_match import BlockHashMatcher, Placement, TokenMatcher
 from .serve_sim_prompts import PromptMapper, TextOutput, WordTokenizer
 from .serve_sim_wire import (SGLANG_FLUSH_TEXT, SGLANG_MODELLED_VERSION, chat_chunk, chat_final, completion_chunk,
                              completion_final, dumps, error_response, messages_of, sse, usage_of)
-from .tokenizer import LocalTokenizer
+from .tokenizer import LocalTokenizer, common_prefix
 from ..sim import EngineConfig, SimRequest, StepCostModel
 from ..sim.jitter import StepJitter
 from ..sim.sglang_engine import SGLangConfig
@@ -80,7 +80,7 @@ class SimServer:
         self._matcher: Optional[BlockHashMatcher] = None
         self._match_blocks = self.flavor == "vllm" and getattr(config, "offload", None) is None
         # SGLang: any prompt matched token by token (its radix tree then names tokens by chains)
-        self._tokens = TokenMatcher(config.page_size) if self.flavor == "sglang" else None
+        self._tokens = TokenMatcher(config.page_size, common_prefix) if self.flavor == "sglang" else None
         self._ids = itertools.count(1)
         self._hit_rate_mark = (0, 0)  # (queries, hits) at the previous /metrics: sglang:cache_hit_rate
         self._retracted_mark = 0  # retractions at the previous /metrics: sglang:num_retracted_reqs

@@ -3,7 +3,7 @@
 ``RadixCache`` names a request's tokens by its shared prefix and its own append-only stream,
 which is all loadgen's sessions need. A server fed arbitrary prompts (serve-sim, SGLang flavour)
 needs more: a prompt that repeats, edits or forks another shares exactly its first k tokens.
-loadgen/live/prefix_match.py ``TokenMatcher`` finds those k tokens by their ids and names every
+loadgen/sim/prefix_match.py ``TokenMatcher`` finds those k tokens by their ids and names every
 position of a prompt by the content it shares: a ``Chain`` of segments, position p being
 (segment id, p); two prompts agree at p exactly when they name the same segment there. This
 tree compares nodes with requests segment by segment, so a match still costs a few steps per

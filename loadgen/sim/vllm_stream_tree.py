@@ -1,7 +1,7 @@
 """A tree of streams for the vLLM flavour: prompts that share a prefix of any length with others.
 
 loadgen's sessions name their tokens by a shared prefix (a system prompt at block 0) and their
-own append-only stream. A server fed arbitrary prompts (serve-sim, loadgen/live/prefix_match.py)
+own append-only stream. A server fed arbitrary prompts (serve-sim, loadgen/sim/prefix_match.py)
 needs more: a fork, a retry or an edit shares exactly the first k blocks of another prompt. Such
 a prompt's prefix is a chain of fixed-length streams, each following its ``parent``
 (``Stream.parent``); a request on it carries the chain (``SimRequest.segments``), the blocks hit

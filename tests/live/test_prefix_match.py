@@ -1,4 +1,4 @@
-"""serve-sim's block-hash matching (loadgen/live/prefix_match.py): the simulated engine, fed any
+"""serve-sim's block-hash matching (loadgen/sim/prefix_match.py): the simulated engine, fed any
 token prompts through the matcher, reports the cached tokens vLLM's block pool gives them.
 
 The reference is tests/sim/reference_engine.py with real token ids as the tokens' identities: its
@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from loadgen.live.prefix_match import BlockHashMatcher, TokenMatcher
+from loadgen.sim.prefix_match import BlockHashMatcher, TokenMatcher
 from loadgen.sim.engine import EngineConfig, SimEngine
 from loadgen.sim.request import SimRequest
 from loadgen.sim.radix_chains import ChainRadixCache

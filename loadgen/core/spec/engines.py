@@ -480,3 +480,26 @@ class LaunchedEngineSpec(_Model):
 
 
 EngineSpec = Annotated[Union[SimEngineSpec, OpenAIEngineSpec, LaunchedEngineSpec], Field(discriminator="kind")]
+
+
+def prefix_cache_block_size(engine) -> Optional[int]:
+    """The tokens per cache block that hits come in (the ideal hit ratio rounds to them,
+    loadgen/analysis/ideal.py): the simulated engine's block size (vLLM) or page size (SGLang),
+    a launched server's --block-size / --page-size flag or its default (vLLM 16, SGLang 1); None
+    for an endpoint (kind openai), whose preflight reads it from the server."""
+    kind = getattr(engine, "kind", None)
+    if kind == "serve_sim":
+        engine = engine.simulator
+        kind = "sim"
+    if kind == "sim":
+        return engine.sglang.page_size if engine.flavor == "sglang" else engine.block_size
+    if kind in ("vllm", "sglang"):
+        flag, default = ("--block-size", 16) if kind == "vllm" else ("--page-size", 1)
+        flags = list(engine.flags)
+        for i, value in enumerate(flags):
+            if value == flag and i + 1 < len(flags) and flags[i + 1].isdigit():
+                return int(flags[i + 1])
+            if value.startswith(flag + "=") and value.split("=", 1)[1].isdigit():
+                return int(value.split("=", 1)[1])
+        return default
+    return None

@@ -25,10 +25,19 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
-from ..sim.kv_pool import Stream
-from .tokenizer import common_prefix
+from .kv_pool import Stream
+
+
+def list_common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids ``a`` and ``b`` share (serve-sim passes its tokenizer's, which skips the
+    parts two chat prompts share without comparing them)."""
+    n = min(len(a), len(b))
+    a, b = list(a[:n]), list(b[:n])
+    if a == b:
+        return n
+    return next(i for i in range(n) if a[i] != b[i])
 
 
 def chained_hashes(token_ids: list[int], block_size: int, start: int = 0, parent: int = 0) -> list[int]:
@@ -174,8 +183,10 @@ class TokenMatcher:
     the same tokens is being prefilled shares what that one has inserted, as in SGLang), its output
     when it finishes."""
 
-    def __init__(self, page_size: int = 1) -> None:
+    def __init__(self, page_size: int = 1,
+                 common_prefix: Callable[[Sequence[int], Sequence[int]], int] = list_common_prefix) -> None:
         self.page_size = page_size
+        self._common_prefix = common_prefix
         self._root = _TokenNode(0, [], None)
         self._ids = itertools.count()
 
@@ -187,7 +198,7 @@ class TokenMatcher:
             child = node.children.get(token_ids[pos])
             if child is None:
                 break
-            k = common_prefix(child.tokens, token_ids[pos:pos + len(child.tokens)])
+            k = self._common_prefix(child.tokens, token_ids[pos:pos + len(child.tokens)])
             if segments and segments[-1][1] == child.segment:
                 segments[-1] = (pos + k, child.segment)
             else:
@@ -214,7 +225,7 @@ class TokenMatcher:
 
     def place(self, token_ids: list[int]):
         """The chain naming the prompt's tokens (the key of the request's stream)."""
-        from ..sim.radix_chains import Chain
+        from .radix_chains import Chain
 
         _, segments, _ = self._walk(token_ids, split=False)
         chain = Chain([*segments, (math.inf, ("own", next(self._ids)))], self.page_size)
