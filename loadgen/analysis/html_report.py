@@ -89,15 +89,13 @@ def write_results_html(results_dir: Path, summary: dict, figure_paths: Sequence[
     pairs = [p for p in figure_paths if p.name.startswith("pair-s")]
     others = [p for p in figure_paths if p not in pairs]
     spec = results_dir / "spec.yaml"
+    sections = [_warnings(results_warnings(results_dir, summary))]
     serving = format_serving_table(summary)
     if serving:  # a replayed trace: the open-loop benchmark's table (the paired verdicts do not apply)
-        sections = [_warnings(results_warnings(results_dir, summary)), "<h2>Serving metrics</h2>", _pre(serving)]
+        sections += ["<h2>Serving metrics</h2>", _pre(serving)]
     else:
-        sections = [
-            _warnings(results_warnings(results_dir, summary)),
-            "<h2>Outcomes</h2>", _pre(format_outcome_table(summary)),
-            "<h2>Latency and SLOs</h2>", _pre(format_latency_table(summary)) or "<p>No latency table.</p>",
-        ]
+        sections += ["<h2>Outcomes</h2>", _pre(format_outcome_table(summary)),
+                     "<h2>Latency and SLOs</h2>", _pre(format_latency_table(summary)) or "<p>No latency table.</p>"]
     recovery = format_recovery_table(summary)
     if recovery:
         sections += ["<h2>Recovery</h2>", _pre(recovery)]

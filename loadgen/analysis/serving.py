@@ -35,20 +35,19 @@ def is_replay(run_json: dict) -> bool:
     return isinstance(workload, dict) and workload.get("replay") is not None
 
 
-def _stats(name: str, values_s: np.ndarray, percentiles: bool = True) -> dict:
+def _stats(name: str, values_s: np.ndarray) -> dict:
     ms = values_s[np.isfinite(values_s)] * 1e3
     out = {f"mean_{name}_ms": json_float(float(ms.mean())) if len(ms) else None}
     for key, q in (("median", 0.5), ("p90", 0.9), ("p99", 0.99)):
-        out[f"{key}_{name}_ms"] = json_float(nearest_rank(ms, q)) if percentiles and len(ms) else None
+        out[f"{key}_{name}_ms"] = json_float(nearest_rank(ms, q)) if len(ms) else None
     return out
 
 
 def _request_rows(run: RunData) -> dict:
     """Per request (the last attempt of each turn), its times and lengths."""
     turns = run.turns
-    n = turns.num_rows
-    if n == 0:
-        return {k: np.zeros(0) for k in ("ready", "sent", "first", "finish", "prompt", "output", "itl", "ok")}
+    if turns.num_rows == 0:
+        return {**{k: np.zeros(0) for k in _COLUMNS}, "num_requests": 0}
     turn = turn_of_row(turns)
     ok = success_mask(turns)
     ready = float_column(turns, "ready_s")
@@ -56,11 +55,13 @@ def _request_rows(run: RunData) -> dict:
     # a retried request: the first attempt's send, the answering attempt's times
     first_sent = np.full(int(turn.max()) + 1, np.inf)
     np.minimum.at(first_sent, turn, sent)
-    keep = ok
-    return {"ready": ready[keep], "sent": first_sent[turn][keep], "first": float_column(turns, "first_token_s")[keep],
-            "finish": float_column(turns, "finish_s")[keep], "prompt": float_column(turns, "prompt_tokens")[keep],
-            "output": float_column(turns, "output_tokens")[keep], "itl": float_column(turns, "itl_mean_s")[keep],
+    return {"ready": ready[ok], "sent": first_sent[turn][ok], "first": float_column(turns, "first_token_s")[ok],
+            "finish": float_column(turns, "finish_s")[ok], "prompt": float_column(turns, "prompt_tokens")[ok],
+            "output": float_column(turns, "output_tokens")[ok], "itl": float_column(turns, "itl_mean_s")[ok],
             "num_requests": int(turn.max()) + 1}
+
+
+_COLUMNS = ("ready", "sent", "first", "finish", "prompt", "output", "itl")
 
 
 def _gap_histogram(runs: Sequence[RunData]) -> Optional[GapHistogram]:
@@ -80,15 +81,12 @@ def _gap_histogram(runs: Sequence[RunData]) -> Optional[GapHistogram]:
 def serving_metrics(runs: Sequence[RunData]) -> dict:
     """The vllm-bench-serve fields over ``runs`` pooled (their requests together; durations summed)."""
     parts = [_request_rows(run) for run in runs]
-    cat = {k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0)
-           for k in ("ready", "sent", "first", "finish", "prompt", "output", "itl")}
-    num_requests = sum(p.get("num_requests", 0) for p in parts)
+    cat = {k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0) for k in _COLUMNS}
+    num_requests = sum(p["num_requests"] for p in parts)
     duration = sum(float(p["finish"].max() - p["sent"].min()) for p in parts if len(p["finish"]))
     output = cat["output"]
     gaps = np.maximum(output - 1, 0)
     tpot = np.where(output > 1, (cat["finish"] - cat["first"]) / np.maximum(gaps, 1), np.nan)
-    itl_ok = np.isfinite(cat["itl"]) & (gaps > 0)
-    mean_itl = float((cat["itl"][itl_ok] * gaps[itl_ok]).sum() / gaps[itl_ok].sum()) if itl_ok.any() else None
     completed = len(output)
     out = {
         "num_requests": num_requests, "completed": completed, "failed": num_requests - completed,
@@ -105,9 +103,12 @@ def serving_metrics(runs: Sequence[RunData]) -> dict:
         out["mean_itl_ms"] = json_float(hist.mean_s() * 1e3)
         for key, q in (("median", 0.5), ("p90", 0.9), ("p99", 0.99)):
             out[f"{key}_itl_ms"] = json_float(hist.quantile_s(q) * 1e3)
-    else:  # results without the histogram (a stream without per-token chunks): the mean alone
-        out.update(_stats("itl", np.zeros(0), percentiles=False))
-        out["mean_itl_ms"] = json_float(mean_itl * 1e3) if mean_itl is not None else None
+    else:  # results without the histogram (a stream without per-token chunks): the mean alone, from
+        # each request's mean gap weighted by its gaps
+        itl_ok = np.isfinite(cat["itl"]) & (gaps > 0)
+        mean_itl_s = (cat["itl"][itl_ok] * gaps[itl_ok]).sum() / gaps[itl_ok].sum() if itl_ok.any() else None
+        out.update({"mean_itl_ms": json_float(float(mean_itl_s) * 1e3) if mean_itl_s is not None else None,
+                    "median_itl_ms": None, "p90_itl_ms": None, "p99_itl_ms": None})
     out.update(_stats("e2el", cat["finish"] - cat["ready"]))
     return out
 
@@ -116,11 +117,11 @@ def send_lateness_s(run: RunData) -> Optional[np.ndarray]:
     """Per request of a replayed run, how late it was sent: its send time (first attempt) minus when
     it was due (its recorded time / speed; a session's later turn, no earlier than its previous
     answer). None when the trace cannot be read again (moved or edited since the run)."""
-    from trace_shapes.timed import load_timed
+    from ..core.spec.sessions import timed_trace
 
     replay = run.run_json["spec"]["workload"]["replay"]
-    try:
-        sessions = load_timed(replay["path"], replay.get("format"), replay.get("block_tokens", 512)).sessions()
+    try:  # read once per file version for every run of the arm, as the spec read it
+        sessions = timed_trace(replay["path"], replay.get("format"), replay.get("block_tokens", 512)).sessions()
     except (OSError, ValueError):
         return None
     speed = float(replay.get("speed", 1.0))

@@ -401,7 +401,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     print(f"{args.spec}: ok: experiment {spec.experiment!r}, {len(spec.arms)} arms x {len(spec.seeds)} seeds, "
           f"{per_run} per run")
     if replay is not None:
-        print("\n".join(spec.workload.replay.describe(spec.duration_s)))
+        print("\n".join(replay.describe(spec.duration_s)))
     return 0
 
 

@@ -23,6 +23,7 @@ from trace_shapes import SessionShape
 from trace_shapes.timed import TimedRequest, TimedTrace
 
 from ..sim.prefix_match import BlockHashMatcher, TokenMatcher, chained_hashes
+from .gap_histogram import GapHistogram
 
 VOCAB = 30000  # drawn ids lie in [1, VOCAB), as TokenContext draws them
 MAX_CACHED_BLOCKS = 4096  # hash ids whose drawn ids are kept (a block's ids are the same drawn again)
@@ -141,6 +142,8 @@ class ReplayPlacer:
 
 
 def attach_replay_placers(engine_client) -> None:
-    """Give every simulated engine of a run (one, or a deployment's replicas) a replay placer."""
+    """Give every simulated engine of a run (one, or a deployment's replicas) a replay placer, and
+    a histogram of its inter-token gaps (the replay's ITL percentiles)."""
     for client in getattr(engine_client, "replicas", [engine_client]):
         client.placer = ReplayPlacer(client.engine)
+        client.engine.gaps = GapHistogram()

@@ -136,10 +136,8 @@ def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir:
         gateway = Gateway(clock, policy, engine.pool_tokens, ctl.start_s)
     env = RunEnv(clock, engine, gateway, recorder)
     replay = spec.workload.replay
-    if replay is not None:  # recorded prompts onto the engines by their content (replay.py)
+    if replay is not None:  # recorded prompts onto the engines by their content, every token gap kept
         attach_replay_placers(engine)
-        for replica in getattr(engine, "replicas", [engine]):  # every token gap, for ITL percentiles
-            replica.engine.gaps = GapHistogram()
     if any(plan.tree is not None for plan in plans):
         env.trees = start_trees(env, plans, lambda plan: _start_session(clock, plan, env), ctl.tree_policy)
 
@@ -161,7 +159,7 @@ def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir:
                 clock.run(until_s=t)
         gaps = GapHistogram()
         for replica in getattr(engine, "replicas", [engine]):
-            gaps.merge(replica.engine.gaps)
+            gaps.merge(replica.engine.gaps)  # set with the replay's placer (replay.py)
         extra = {"sessions_planned": len(plans), "ended_s": counts.last_ended_s, "inter_token_gaps": gaps.to_json()}
     return {
         "sessions_arrived": counts.arrived_total, "sessions_completed": counts.completed_total,

@@ -247,6 +247,7 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
         shared_prefix_tokens = shape.shared_prefix_tokens
         prefix = (prefix_key, shared_prefix_tokens)
         sent_prefixes = env.sent_prefixes
+        gap_histogram = env.gaps  # a live replay's streamed gaps (None otherwise)
         for k in range(num_turns):
             if k:
                 ready = clock.now()
@@ -288,9 +289,9 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
                 counts.in_engine -= 1
                 progress.counted_as = None
                 gaps = result.inter_token_gaps_s
-                if gaps and env.gaps is not None:
+                if gaps and gap_histogram is not None:
                     for gap_s in gaps:
-                        env.gaps.add(gap_s)
+                        gap_histogram.add(gap_s)
                 # streamed gaps (live) or the simulated engine's own per-token times
                 itl_mean_s = sum(gaps) / len(gaps) if gaps else result.itl_mean_s
                 itl_max_s = max(gaps) if gaps else result.itl_max_s

@@ -36,15 +36,34 @@ def _features(step: ProfiledStep, decode_apart: bool) -> list[float]:
     return [1.0, *tokens, c * (p + c / 2.0), float(n * kv), float(n * kv) if c else 0.0]
 
 
-def _solve(steps: Sequence[ProfiledStep], decode_apart: bool) -> np.ndarray:
-    X = np.array([_features(s, decode_apart) for s in steps], dtype=float)
-    y = np.array([s.kernel_s for s in steps], dtype=float)
-    counts = {k: sum(1 for s in steps if s.kind == k) for k in KINDS}
-    w = np.array([1.0 / math.sqrt(counts[s.kind]) for s in steps])  # each kind weighs the same
-    scale = X.max(axis=0)
-    scale[scale == 0] = 1.0
-    A = (X / scale) / y[:, None] * w[:, None]
-    return _nnls_small(A, w) / scale
+@dataclass(frozen=True)
+class _Design:
+    """The fit's rows, built once: features (tokens together, or decode tokens apart), seconds, kinds."""
+
+    X: np.ndarray
+    X_apart: np.ndarray
+    y: np.ndarray
+    kinds: np.ndarray
+
+    @classmethod
+    def of(cls, steps: Sequence[ProfiledStep]) -> "_Design":
+        return cls(np.array([_features(s, False) for s in steps], dtype=float),
+                   np.array([_features(s, True) for s in steps], dtype=float),
+                   np.array([s.kernel_s for s in steps], dtype=float), np.array([s.kind for s in steps]))
+
+    def solve(self, rows: np.ndarray, decode_apart: bool) -> np.ndarray:
+        X = (self.X_apart if decode_apart else self.X)[rows]
+        y, kinds = self.y[rows], self.kinds[rows]
+        counts = {k: int(np.count_nonzero(kinds == k)) for k in KINDS}
+        w = np.array([1.0 / math.sqrt(counts[k]) for k in kinds])  # each kind weighs the same
+        scale = X.max(axis=0)
+        scale[scale == 0] = 1.0
+        A = (X / scale) / y[:, None] * w[:, None]
+        return _nnls_small(A, w) / scale
+
+    def relative(self, coef: np.ndarray, decode_apart: bool) -> list[float]:
+        X = self.X_apart if decode_apart else self.X
+        return [float(r) for r in (X @ coef - self.y) / self.y]
 
 
 @dataclass
@@ -155,27 +174,23 @@ def _named(coef: np.ndarray, decode_apart: bool) -> dict:
     return {n: float(v) for n, v in zip(names, coef)}
 
 
-def _relative(steps: Sequence[ProfiledStep], coef: np.ndarray, decode_apart: bool) -> list[float]:
-    X = np.array([_features(s, decode_apart) for s in steps], dtype=float)
-    y = np.array([s.kernel_s for s in steps])
-    return [float(r) for r in (X @ coef - y) / y]
-
-
 def fit_profile(profile: KernelProfile, rng: np.random.Generator, num_resamples: int = 100) -> ProfileFit:
     steps = profile.steps()
     present = {s.kind for s in steps}
     if not {"prefill", "decode"} <= present:
         raise ValueError(f"{profile.folder}: the fit needs prefill-only and decode-only steps; the profile has "
                          f"{sorted(present)}")
-    coef, apart = _solve(steps, False), _solve(steps, True)
-    by_kind = {k: [s for s in steps if s.kind == k] for k in KINDS}
+    design = _Design.of(steps)
+    every = np.arange(len(steps))
+    coef, apart = design.solve(every, False), design.solve(every, True)
+    by_kind = [every[design.kinds == k] for k in KINDS]
     draws, draws_apart = [], []
     for _ in range(num_resamples):
-        sample = [m[i] for m in by_kind.values() if m for i in rng.integers(0, len(m), size=len(m))]
-        draws.append(_named(_solve(sample, False), False))
-        draws_apart.append(_named(_solve(sample, True), True))
+        sample = np.concatenate([m[rng.integers(0, len(m), size=len(m))] for m in by_kind if len(m)])
+        draws.append(_named(design.solve(sample, False), False))
+        draws_apart.append(_named(design.solve(sample, True), True))
     return ProfileFit(profile, steps, _named(coef, False), _intervals(draws), _named(apart, True),
-                      _intervals(draws_apart), _relative(steps, coef, False), _relative(steps, apart, True))
+                      _intervals(draws_apart), design.relative(coef, False), design.relative(apart, True))
 
 
 def _intervals(draws: list[dict]) -> dict:

@@ -328,9 +328,7 @@ class ReplaySpec(_Model):
         return self
 
     def trace(self) -> TimedTrace:
-        """The trace's requests (read once per file version)."""
-        stat = Path(self.path).stat()
-        return _cached_timed(self.path, self.format, self.block_tokens, stat.st_mtime_ns, stat.st_size)
+        return timed_trace(self.path, self.format, self.block_tokens)
 
     def span_s(self) -> float:
         """When the last request is sent (replay time)."""
@@ -347,6 +345,12 @@ class ReplaySpec(_Model):
         lines = [f"replay: {trace.path} ({trace.format}): {len(trace.requests)} requests{sessions} recorded over "
                  f"{trace.span_s:.3f} s, sent at speed {self.speed:g}, {ends}"]
         return lines + [f"  note: {note}" for note in trace.notes]
+
+
+def timed_trace(path: str, format: Optional[str], block_tokens: int) -> TimedTrace:
+    """A replayed trace's requests, read once per file version (its mtime and size are the key)."""
+    stat = Path(path).stat()
+    return _cached_timed(path, format, block_tokens, stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=4)
