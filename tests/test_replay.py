@@ -181,7 +181,12 @@ def test_a_replay_prints_vllm_bench_serve_metrics_not_the_paired_verdicts(tmp_pa
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "Serving metrics" in proc.stdout and "TTFT" in proc.stdout and "degraded" not in proc.stdout
-    row, = json.loads((out / "summary.json").read_text())["serving_by_arm"]
+    summary = json.loads((out / "summary.json").read_text())
+    row, = summary["serving_by_arm"]
+    # the closed-loop verdicts are not given for a replay, and say why
+    run_entry, = summary["runs"]
+    assert run_entry["persistently_degraded"] is None and run_entry["ends_degraded"] is None
+    assert "not judged" in run_entry["verdicts"] and summary["pairs"]["comparisons"] == []
     turns = pq.read_table(out / "runs" / "replay-s1" / "turns.parquet").to_pylist()
     ttft_ms = sorted((t["first_token_s"] - t["ready_s"]) * 1e3 for t in turns)
     e2e_ms = [(t["finish_s"] - t["ready_s"]) * 1e3 for t in turns]
