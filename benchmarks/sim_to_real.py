@@ -1,0 +1,234 @@
+"""Sim-to-real: every public real GPU run of a data folder replayed on the simulated vLLM engine, and
+our error beside the measurement (docs/sim-to-real.md).
+
+    python benchmarks/sim_to_real.py --data DIR [--run NAME ...] [--json OUT]
+
+DIR is laid out as the vendored real-run data (llmservingsim/, blis/, blis-training/,
+blis-sim-to-real/, llm-d/); real_runs.py maps each run (workload, engine settings, cost model) or
+says why it cannot. The step costs of a run with a kernel profile come from that profile (loadgen
+calibrate --from-profile's fit) plus the host time per step measured on the ``fit`` LLMServingSim
+run; a run without one gets the roofline model (roofline.py) whose five constants are fitted on the
+``fit`` runs' measured stages only. Requests measured by an HTTP client also carry a fixed time
+outside the engine (HTTP, tokenization), the median gap of TTFT between the ``fit`` runs and their
+simulation. Errors are signed fractions, (simulated - measured) / measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+from typing import Optional
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import pyarrow.parquet as pq  # noqa: E402
+
+from loadgen.core.runner import RunKey, run_simulated  # noqa: E402
+from loadgen.core.spec import parse_spec  # noqa: E402
+from loadgen.core.workload import Stream, rng_for  # noqa: E402
+from loadgen.sim.cost import StepCostModel  # noqa: E402
+from real_runs import (BLOCK_TOKENS, CLIENT_TIMEOUT_S, HOST_RUN, METRICS, MappingError, RealRun,  # noqa: E402
+                       discover, inference_perf_trace)
+from roofline import CONSTANTS, Stage, fit_constants  # noqa: E402
+
+SEED = 1
+
+
+def fit_stages(runs: list[RealRun], data: Path) -> list[Stage]:
+    """The measured stages of the ``fit`` runs that have a roofline (one row each for the fit)."""
+    stages = []
+    for run in runs:
+        m = run.mapping
+        if run.split != "fit" or m is None or m.roofline is None:
+            continue
+        sp = m.shared_prefix
+        prompt = sp.system_prompt_tokens + sp.question_tokens
+        uncached = prompt - BLOCK_TOKENS * ((prompt - 1) // BLOCK_TOKENS)  # the recurring prompt's last block
+        results = data / "blis-training" / "default_args" / run.name / "results"
+        for i, (rate, _) in enumerate(sp.stages):
+            lat = json.loads((results / f"stage_{i}_lifecycle_metrics.json").read_text())["successes"]["latency"]
+            decode_s = lat["request_latency"]["mean"] - lat["time_to_first_token"]["mean"]
+            stages.append(Stage(m.roofline, rate, prompt, uncached, sp.output_tokens,
+                                decode_s / (sp.output_tokens - 1), decode_s))
+    return stages
+
+
+def profile_cost(run: RealRun, host_s: float) -> StepCostModel:
+    from loadgen.sim.kernel_profile import load_profile
+    from loadgen.sim.profile_fit import fit_profile
+
+    m = run.mapping
+    profile = load_profile(m.profile_dir, m.tp, m.num_layers)
+    return fit_profile(profile, rng_for(Stream.CALIBRATION_BOOTSTRAP, 0), num_resamples=2).model(run.name, host_s)
+
+
+def host_time_s(runs: list[RealRun]) -> float:
+    from loadgen.sim.host_time import host_time_from_run
+
+    host = next(r for r in runs if r.name == HOST_RUN and r.mapping is not None)
+    kernels = profile_cost(host, 0.0)
+    return host_time_from_run(kernels, host.mapping.trace_path.parents[1] / "bench" / "examples" / HOST_RUN / "vllm")[0]
+
+
+def simulate(run: RealRun, cost: StepCostModel, work: Path) -> dict:
+    """The replay of ``run`` on the simulated engine: per request (ttft_s, e2e_s, output_tokens) and the
+    run's duration."""
+    m = run.mapping
+    if m.trace_path is not None:
+        replay = {"path": str(m.trace_path), "format": "llmservingsim"}
+    else:
+        trace = work / f"{run.name.replace('/', '_')}.jsonl"
+        trace.write_text("".join(json.dumps(r) + "\n" for r in inference_perf_trace(m.shared_prefix, SEED)))
+        replay = {"path": str(trace), "format": "mooncake", "block_tokens": BLOCK_TOKENS}
+    cost_path = work / "cost.json"
+    cost_path.write_text(json.dumps(cost.to_json()))
+    engine = {"kind": "sim", "block_size": BLOCK_TOKENS, "enable_prefix_caching": True, "max_model_len": 131072,
+              "cost_model": str(cost_path), **m.engine}
+    spec = parse_spec({"experiment": "sim-to-real", "seeds": [SEED], "engine": engine,
+                       "workload": {"replay": replay}, "arms": [{"name": "replay"}]})
+    out = work / "out"
+    run_simulated(spec, RunKey("replay", SEED), out)
+    t = pq.read_table(out / "runs" / f"replay-s{SEED}" / "turns.parquet",
+                      columns=["ready_s", "first_token_s", "finish_s", "output_tokens"]).to_pydict()
+    ready, first, finish = (np.array(t[k], dtype=float) for k in ("ready_s", "first_token_s", "finish_s"))
+    return {"ttft_s": first - ready, "e2e_s": finish - ready, "output": np.array(t["output_tokens"], dtype=float),
+            "ready_s": ready, "finish_s": finish}
+
+
+def predicted(sim: dict, overhead_s: float, timeout_s: Optional[float]) -> tuple[dict, int]:
+    """The measured metrics of a simulated replay, as the run's client reports them: ``overhead_s``
+    before the engine sees a request, and a request past ``timeout_s`` a failure, not a success."""
+    ttft, e2e = sim["ttft_s"] + overhead_s, sim["e2e_s"] + overhead_s
+    ok = np.isfinite(e2e) & (e2e <= (timeout_s or np.inf))
+    out = sim["output"][ok]
+
+    def stats(values_s, name):
+        ms = np.sort(values_s) * 1e3
+        rank = lambda q: float(ms[max(0, int(np.ceil(q * len(ms))) - 1)])
+        return {f"{name}_mean": float(ms.mean()), f"{name}_p90": rank(0.9), f"{name}_p99": rank(0.99)}
+
+    metrics = {**stats(ttft[ok], "ttft"), **stats(e2e[ok], "e2e"),
+               "tpot_mean": float(np.mean((e2e[ok] - ttft[ok]) / np.maximum(1, out - 1))) * 1e3,
+               "request_throughput": float(ok.sum() / (sim["finish_s"][ok].max() - sim["ready_s"].min()))}
+    return metrics, int((~ok).sum())
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", required=True, help="a folder laid out as the vendored real-run data")
+    parser.add_argument("--run", action="append", default=[], help="only this run (by name; repeatable)")
+    parser.add_argument("--json", help="write the per-run errors here")
+    args = parser.parse_args(argv)
+    data = Path(args.data)
+    if not data.is_dir():
+        print(f"--data {data}: not a folder", file=sys.stderr)
+        return 2
+    runs = discover(data)
+    by_name: dict[str, RealRun] = {}
+    for r in runs:  # a run two sources list (one marked as the other's twin) is the mapped one
+        if r.mapping is not None or r.name not in by_name:
+            by_name[r.name] = r
+    for name in args.run:
+        if name not in by_name:
+            print(f"--run {name!r}: no such run in {data} (runs: {', '.join(sorted(by_name))})", file=sys.stderr)
+            return 2
+        if by_name[name].mapping is None:
+            print(f"--run {name!r} cannot be mapped: {by_name[name].unmapped}", file=sys.stderr)
+            return 2
+    started = time.monotonic()
+    constants, residuals = fit_constants(fit_stages(runs, data)) if any(
+        r.split == "fit" and r.mapping is not None and r.mapping.roofline is not None for r in runs) else ({}, [])
+    if constants:
+        print("roofline constants (fit runs' stages, %d rows, |residual| median %.1f%%): %s" % (
+            len(residuals), 100 * median(abs(v) for v in residuals),
+            ", ".join(f"{k} {v:.4g}" for k, v in constants.items())))
+    host_s = host_time_s(runs) if any(r.name == HOST_RUN and r.mapping for r in runs) else 0.0
+    if host_s:
+        print(f"host time per step (decode-only seconds of {HOST_RUN}): {host_s * 1e3:.2f} ms")
+    chosen = [by_name[n] for n in args.run] if args.run else [r for r in runs if r.mapping is not None]
+    # the HTTP fit runs are simulated whichever runs are asked for: their TTFT gap is the HTTP client's
+    # overhead for every other run
+    simulated = chosen + [r for r in runs if r.split == "fit" and r.mapping is not None and r.mapping.over_http
+                          and r not in chosen]
+    sims: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, run in enumerate(simulated):
+            m = run.mapping
+            if m.roofline is not None and not constants:
+                print(f"{run.name}: no fit run for the roofline constants; skipped", file=sys.stderr)
+                continue
+            cost = profile_cost(run, host_s) if m.profile_dir else m.roofline.cost_model(constants, run.name)
+            work = Path(tmp) / str(i)
+            work.mkdir()
+            t0 = time.monotonic()
+            sims[run.name] = simulate(run, cost, work)
+            print(f"[{i + 1}/{len(simulated)}] {run.name}: simulated in {time.monotonic() - t0:.1f} s", flush=True)
+    gaps = [run.measured["ttft_mean"] / 1e3 - float(np.mean(sims[run.name]["ttft_s"])) for run in simulated
+            if run.split == "fit" and run.mapping.over_http and run.name in sims]
+    overhead_s = max(0.0, median(gaps)) if gaps else 0.0
+    print(f"request overhead outside the engine (HTTP runs; median TTFT gap of {len(gaps)} fit runs): "
+          f"{overhead_s * 1e3:.2f} ms")
+    rows = []
+    for run in chosen:
+        if run.name not in sims:
+            continue
+        http = run.mapping.over_http
+        pred, failed = predicted(sims[run.name], overhead_s if http else 0.0, CLIENT_TIMEOUT_S if http else None)
+        row = {"run": run.name, "source": run.source, "split": run.split, "gpu": run.gpu, "model": run.model,
+               "measured_failed": run.failed, "simulated_failed": failed, "notes": run.notes}
+        for key in METRICS:
+            real = run.measured.get(key)
+            row[f"{key}_measured"] = real
+            row[f"{key}_simulated"] = pred[key]
+            row[f"{key}_error"] = (pred[key] - real) / real if real else None
+        row["ttft_mean_error"], row["e2e_mean_error"] = row["ttft_mean_error"], row["e2e_mean_error"]
+        row["itl_mean_error"] = row["tpot_mean_error"]  # the per-token time: TPOT (docs/sim-to-real.md)
+        rows.append(row)
+    unmapped = [{"run": r.name, "source": r.source, "reason": r.unmapped} for r in runs if r.mapping is None]
+    print(table(rows))
+    for split in ("fit", "validation"):
+        part = [r for r in rows if r["split"] == split]
+        if part:
+            print(f"{split}: {len(part)} runs, median |error| of mean TTFT "
+                  f"{100 * median(abs(r['ttft_mean_error']) for r in part):.1f}%, mean E2E "
+                  f"{100 * median(abs(r['e2e_mean_error']) for r in part):.1f}%, TPOT "
+                  f"{100 * median(abs(r['tpot_mean_error']) for r in part):.1f}%")
+    print("not mapped:")
+    for u in unmapped:
+        print(f"  {u['source']} {u['run']}: {u['reason']}")
+    print(f"wall time {time.monotonic() - started:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {"constants": constants, "host_s_per_step": host_s, "request_overhead_s": overhead_s,
+             "runs": rows, "unmapped": unmapped}, indent=1) + "\n")
+    return 0
+
+
+def table(rows: list[dict]) -> str:
+    pct = lambda v: "" if v is None else f"{100 * v:+.1f}"
+    lines = [f"{'run':46} {'split':10} {'TTFT ms':>9} {'err%':>6} {'p90%':>6} {'p99%':>6} {'E2E ms':>9} {'err%':>6} "
+             f"{'p90%':>6} {'p99%':>6} {'TPOT ms':>8} {'err%':>6} {'tput%':>6} {'fail r/s':>9}"]
+    for r in rows:
+        lines.append(f"{r['run'][:46]:46} {r['split']:10} {r['ttft_mean_measured']:9.1f} {pct(r['ttft_mean_error']):>6} "
+                     f"{pct(r['ttft_p90_error']):>6} {pct(r['ttft_p99_error']):>6} {r['e2e_mean_measured']:9.1f} "
+                     f"{pct(r['e2e_mean_error']):>6} {pct(r['e2e_p90_error']):>6} {pct(r['e2e_p99_error']):>6} "
+                     f"{r['tpot_mean_measured']:8.2f} {pct(r['tpot_mean_error']):>6} "
+                     f"{pct(r['request_throughput_error']):>6} {r['measured_failed'] or 0:>4}/{r['simulated_failed']:<4}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except MappingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
