@@ -10,8 +10,9 @@ calibrate --from-profile's fit) plus the host time per step measured on the ``fi
 run; a run without one gets the roofline model (roofline.py) whose five constants are fitted on the
 ``fit`` runs' measured stages only. A request measured by an HTTP client gets its first token (and so
 every token) a number of engine steps later than the simulated engine emits it: the median TTFT gap
-of the ``fit`` runs in units of each run's step time. A request past the client's timeout (300 s)
-is a failure, as the real client counted it. Errors are signed fractions, (simulated - measured) / measured.
+of the ``fit`` runs in units of each run's step time. The HTTP client gives up on a request after
+300 s (``replay.client_timeout_s``) and the simulated engine aborts it, as vLLM does on the
+disconnect; it counts as failed, as the real client counted it. Errors are signed fractions, (simulated - measured) / measured.
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ def simulate(run: RealRun, cost: StepCostModel, work: Path) -> dict:
         trace = work / f"{run.name.replace('/', '_')}.jsonl"
         trace.write_text("".join(json.dumps(r) + "\n" for r in inference_perf_trace(m.shared_prefix, SEED)))
         replay = {"path": str(trace), "format": "mooncake", "block_tokens": BLOCK_TOKENS}
+    if m.over_http:  # the client gives up and vLLM aborts the request
+        replay["client_timeout_s"] = CLIENT_TIMEOUT_S
     cost_path = work / "cost.json"
     cost_path.write_text(json.dumps(cost.to_json()))
     engine = {"kind": "sim", "block_size": BLOCK_TOKENS, "enable_prefix_caching": True, "max_model_len": 131072,
@@ -107,17 +110,17 @@ def simulate(run: RealRun, cost: StepCostModel, work: Path) -> dict:
     out = work / "out"
     run_simulated(spec, RunKey("replay", SEED), out)
     t = pq.read_table(out / "runs" / f"replay-s{SEED}" / "turns.parquet",
-                      columns=["ready_s", "first_token_s", "finish_s", "output_tokens"]).to_pydict()
+                      columns=["ready_s", "first_token_s", "finish_s", "output_tokens", "error"]).to_pydict()
     ready, first, finish = (np.array(t[k], dtype=float) for k in ("ready_s", "first_token_s", "finish_s"))
     return {"ttft_s": first - ready, "e2e_s": finish - ready, "output": np.array(t["output_tokens"], dtype=float),
-            "ready_s": ready, "finish_s": finish}
+            "ready_s": ready, "finish_s": finish, "failed": np.array([e is not None for e in t["error"]])}
 
 
-def predicted(sim: dict, overhead_s: float, timeout_s: Optional[float]) -> tuple[dict, int]:
-    """The measured metrics of a simulated replay, as the run's client reports them: ``overhead_s``
-    before the engine sees a request, and a request past ``timeout_s`` a failure, not a success."""
-    ttft, e2e = sim["ttft_s"] + overhead_s, sim["e2e_s"] + overhead_s
-    ok = np.isfinite(e2e) & (e2e <= (timeout_s or np.inf))
+def predicted(sim: dict, delay_s: float) -> tuple[dict, int]:
+    """The measured metrics of a simulated replay, as the run's client reports them: every token
+    ``delay_s`` after the engine emits it; a failed request (its client's timeout) not a success."""
+    ttft, e2e = sim["ttft_s"] + delay_s, sim["e2e_s"] + delay_s
+    ok = ~sim["failed"]
     out = sim["output"][ok]
 
     def stats(values_s, name):
@@ -133,8 +136,9 @@ def predicted(sim: dict, overhead_s: float, timeout_s: Optional[float]) -> tuple
 
 def _step_s(sim: dict) -> float:
     """The run's mean step time as its requests see it: the mean time per output token."""
-    tokens = np.maximum(1, sim["output"] - 1)
-    return float(np.mean((sim["e2e_s"] - sim["ttft_s"]) / tokens))
+    ok = ~sim["failed"]
+    tokens = np.maximum(1, sim["output"][ok] - 1)
+    return float(np.mean((sim["e2e_s"][ok] - sim["ttft_s"][ok]) / tokens))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -199,8 +203,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if run.name not in sims:
             continue
         http = run.mapping.over_http
-        pred, failed = predicted(sims[run.name], delay_steps * _step_s(sims[run.name]) if http else 0.0,
-                                 CLIENT_TIMEOUT_S if http else None)
+        pred, failed = predicted(sims[run.name], delay_steps * _step_s(sims[run.name]) if http else 0.0)
         row = {"run": run.name, "source": run.source, "split": run.split, "gpu": run.gpu, "model": run.model,
                "measured_failed": run.failed, "simulated_failed": failed, "notes": run.notes}
         for key in METRICS:

@@ -268,3 +268,26 @@ def test_an_aiperf_session_sends_its_history_before_each_turn(tmp_path):
     assert [t["prompt_tokens"] for t in turns] == [1024, 1374]
     assert turns[1]["cacheable_prefix_tokens"] == 1024  # the first turn's prompt; its answer was never sent before
     assert turns[1]["cached_tokens"] == 1024
+
+
+def test_a_client_timeout_fails_the_request_and_the_engine_aborts_it_freeing_its_place(tmp_path):
+    # one engine slot: a long request holds it; the next waits behind it unless the client gives up
+    rows = [{"arrival_time_ns": 0, "input_toks": 64, "output_toks": 4000},
+            {"arrival_time_ns": 100_000_000, "input_toks": 64, "output_toks": 4}]
+    trace = _write(tmp_path / "t.jsonl", rows)
+    data = _spec(trace)
+    data["engine"] = dict(data["engine"], max_num_seqs=1)
+    _, waited = _turns(data, tmp_path)
+    data["workload"]["replay"]["client_timeout_s"] = 2.0
+    _, gave_up = _turns(data, tmp_path / "timeout")
+    assert waited[0]["error"] is None and waited[1]["first_token_s"] > waited[0]["finish_s"]
+    assert gave_up[0]["error"].startswith("timeout after 2 s")
+    assert gave_up[0]["finish_s"] == pytest.approx(2.0)
+    # the aborted request left the engine: the next one ran at once, long before the first would have ended
+    assert gave_up[1]["error"] is None and gave_up[1]["first_token_s"] < 2.5 < waited[1]["first_token_s"]
+
+
+def test_a_client_timeout_is_refused_on_the_simulated_sglang_engine(tmp_path):
+    trace = _write(tmp_path / "t.jsonl", [{"arrival_time_ns": 0, "input_toks": 64, "output_toks": 4}])
+    with pytest.raises(SpecError, match="client_timeout_s"):
+        parse_spec(_spec(trace, flavor="sglang", client_timeout_s=5.0))

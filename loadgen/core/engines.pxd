@@ -46,6 +46,7 @@ cdef class SimEngineClient:
     cdef public object _armed_at
     cdef public long _seq
     cdef public object placer
+    cdef public object request_timeout_s
 
     cpdef _rearm(self)
     cpdef _fire(self)

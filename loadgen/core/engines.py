@@ -132,6 +132,9 @@ class SimEngineClient:
         # where a session tree's or a replay's requests run (loadgen/core/tree_engines.py, replay.py):
         # streams(request) -> (prefix, stream, None or a callback for the turn's future when it resolves)
         self.placer = None
+        # the client gives up on a request after this long and the engine aborts it (a replay's
+        # client_timeout_s); None: it waits for the answer
+        self.request_timeout_s = None
 
     def generate(self, request: TurnRequest, on_first_token: Optional[Callable[[float], None]] = None):
         """Run one turn: an awaitable of its ``TurnResult``, the clock's future, which the engine
@@ -159,8 +162,26 @@ class SimEngineClient:
         engine.submit(req, now)
         if left is not None:  # the placer learns when the request leaves the engine
             fut.add_done_callback(left)
+        if self.request_timeout_s is not None:
+            timer = self.clock.call_at(now + self.request_timeout_s, lambda: self._give_up(req))
+            fut.add_done_callback(lambda _fut: timer.cancel())
         self._rearm()
         return fut
+
+    def _give_up(self, req: SimRequest) -> None:
+        """The client's timeout: the engine aborts the request (unless the step in flight finishes
+        it, then it is delivered) and the turn fails, with what it had received by then."""
+        fut = req.context
+        if fut.done():
+            return
+        now = self.clock.now()
+        if self.engine.abort(req, now):
+            first = req.first_token_s if req.first_token_s is not None else NAN
+            fut.set_result(TurnResult(req.arrival_s, first, now, req.num_prompt_tokens, req.num_cached_tokens,
+                                      req.generated, req.num_preemptions,
+                                      f"timeout after {self.request_timeout_s:g} s (the client gave up; the engine "
+                                      f"aborted the request)"))
+        self._rearm()
 
     def cached_tokens(self, session_id: Hashable, prefix_key: Hashable, shared_prefix_tokens: int,
                       prompt_tokens: int) -> int:

@@ -141,9 +141,10 @@ class ReplayPlacer:
         return placement.prefix, placement.stream, lambda _fut: self._blocks.finished(placement, ids)
 
 
-def attach_replay_placers(engine_client) -> None:
-    """Give every simulated engine of a run (one, or a deployment's replicas) a replay placer, and
-    a histogram of its inter-token gaps (the replay's ITL percentiles)."""
+def attach_replay_placers(engine_client, client_timeout_s: Optional[float] = None) -> None:
+    """Give every simulated engine of a run (one, or a deployment's replicas) a replay placer, a
+    histogram of its inter-token gaps (the replay's ITL percentiles) and the client's timeout."""
     for client in getattr(engine_client, "replicas", [engine_client]):
         client.placer = ReplayPlacer(client.engine)
         client.engine.gaps = GapHistogram()
+        client.request_timeout_s = client_timeout_s

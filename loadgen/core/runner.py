@@ -137,7 +137,7 @@ def simulate(spec: ExperimentSpec, key: RunKey, recorder: RunRecorder, spec_dir:
     env = RunEnv(clock, engine, gateway, recorder)
     replay = spec.workload.replay
     if replay is not None:  # recorded prompts onto the engines by their content, every token gap kept
-        attach_replay_placers(engine)
+        attach_replay_placers(engine, replay.client_timeout_s)
     if any(plan.tree is not None for plan in plans):
         env.trees = start_trees(env, plans, lambda plan: _start_session(clock, plan, env), ctl.tree_policy)
 

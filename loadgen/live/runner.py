@@ -181,6 +181,8 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
     client = proxy = None
     try:  # everything before the first turn: a failure here ends the run "failed", never "running"
         options = endpoint_options(engine_spec, key.run_id)
+        if spec.workload.replay is not None and spec.workload.replay.client_timeout_s:
+            options.request_timeout_s = spec.workload.replay.client_timeout_s
         replica_urls = engine_spec.metrics_urls
         if engine_spec.gateway is not None:  # the limit is the proxy's (loadgen/gateway/in_run.py)
             from ..gateway.in_run import SESSION_HEADER, proxy_sample, start_run_gateway

@@ -175,6 +175,9 @@ class ExperimentSpec(_Model):
                 engine = self._engine_or_none(arm)
                 if isinstance(engine, SimEngineSpec) and engine.flavor != "sglang" and engine.offload is not None:
                     raise ValueError("engine.offload: a trace replay is not modelled with the CPU offload tier yet")
+                if isinstance(engine, SimEngineSpec) and engine.flavor == "sglang" and replay.client_timeout_s:
+                    raise ValueError("workload.replay.client_timeout_s: the simulated SGLang engine does not abort "
+                                     "requests yet; leave it out, or replay on the vllm flavour")
                 if isinstance(engine, SimEngineSpec) and engine.replicas > 1:
                     raise ValueError("engine.replicas: a trace replay on a simulated deployment is not modelled yet "
                                      "(its routers read what a replica caches by session, not by prompt content); "

@@ -310,6 +310,11 @@ class ReplaySpec(_Model):
     speed: float = Field(1.0, gt=0, description="Replay this many times faster than recorded (each request at its "
                                                 "recorded time / speed).")
     block_tokens: int = Field(512, gt=0, description="Tokens per hash_ids entry (512 in Mooncake's traces).")
+    client_timeout_s: Optional[float] = Field(
+        None, gt=0, description="The client gives up on a request after this many seconds: it counts as failed "
+                                "(error 'timeout after ...') and a simulated vLLM engine aborts it, as vLLM does when a "
+                                "client disconnects; live, the HTTP client's timeout. Default: no timeout in "
+                                "simulation, engine.request_timeout_s live.")
     until_done: Optional[bool] = Field(
         None, description="Run past duration until every request is answered. Default: true without a duration "
                           "(the run ends when the last request completes), false with one (the run is cut there).")
