@@ -56,10 +56,6 @@ PROFILES = {
 METRICS = ("ttft_mean", "ttft_p90", "ttft_p99", "e2e_mean", "e2e_p90", "e2e_p99", "tpot_mean", "request_throughput")
 
 
-class MappingError(ValueError):
-    """A run asked for by name whose settings cannot be mapped."""
-
-
 @dataclass
 class SharedPrefix:
     """inference-perf's shared_prefix data: groups of prompts that share a system prompt."""

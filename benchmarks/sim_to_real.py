@@ -38,9 +38,9 @@ from loadgen.core.runner import RunKey, run_simulated  # noqa: E402
 from loadgen.core.spec import parse_spec  # noqa: E402
 from loadgen.core.workload import Stream, rng_for  # noqa: E402
 from loadgen.sim.cost import StepCostModel  # noqa: E402
-from real_runs import (BLOCK_TOKENS, CLIENT_TIMEOUT_S, HOST_RUN, METRICS, MappingError, RealRun,  # noqa: E402
-                       discover, inference_perf_trace)
-from roofline import CONSTANTS, Stage, fit_constants  # noqa: E402
+from real_runs import (BLOCK_TOKENS, CLIENT_TIMEOUT_S, HOST_RUN, METRICS, RealRun, discover,  # noqa: E402
+                       inference_perf_trace)
+from roofline import Stage, fit_constants  # noqa: E402
 
 SEED = 1
 
@@ -247,8 +247,4 @@ def table(rows: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except MappingError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(main())
