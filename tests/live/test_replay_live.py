@@ -42,3 +42,20 @@ def test_a_replay_against_an_endpoint_sends_on_the_recorded_clock_and_waits_for_
     # every streamed gap pooled: 3 gaps of each 4-token answer and 199 of the long one
     assert run["counts"]["inter_token_gaps"]["num_gaps"] == 19 * 3 + 199
     assert row["median_itl_ms"] <= row["p99_itl_ms"]
+
+
+def test_a_replays_client_timeout_is_the_http_clients_timeout(tmp_path, serve_sim_factory):
+    server = serve_sim_factory(1.0)
+    # seconds of decoding at serve-sim's speed: the client gives up first
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"timestamp": 0, "input_length": 64, "output_length": 4000}) + "\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"experiment": "replay-timeout", "seeds": [1],
+                                    "engine": {"kind": "openai", "url": server.url, "retry": {"max_attempts": 1}},
+                                    "workload": {"replay": {"path": str(trace), "client_timeout_s": 0.5}},
+                                    "arms": [{"name": "replay"}]}))
+    out = tmp_path / "out"
+    main(["run", str(spec), "--out", str(out), "--no-figures"])
+    turn, = pq.read_table(out / "runs" / "replay-s1" / "turns.parquet").to_pylist()
+    assert "timeout after 0.5 s" in turn["error"]
+    assert turn["finish_s"] < 2.0
