@@ -78,6 +78,9 @@ class Mapping:
     tp: int
     roofline: Optional[Roofline] = None  # cost from the roofline fit
     profile_dir: Optional[Path] = None  # cost from a kernel profile
+    # the tensor-parallel all-reduces a profile taken on one GPU leaves out: (seconds a step, seconds a
+    # token), from the run's recorded interconnect
+    allreduce: tuple = (0.0, 0.0)
     num_layers: int = 0
     trace_path: Optional[Path] = None  # a recorded workload file (llmservingsim format)
     shared_prefix: Optional[SharedPrefix] = None  # a generated inference-perf workload
@@ -134,7 +137,16 @@ def _lss_runs(data: Path) -> list[RealRun]:
         arch_cfg = json.loads((root / "configs" / "model" / f"{meta['model']}.json").read_text())
         arch = architecture(meta["model"], arch_cfg)
         hw = Hardware(cfg["hardware"], 0.0, 0.0, cfg["npu_mem"]["mem_bw"] * 1e9, cfg["npu_mem"]["mem_size"] * 2**30)
+        allreduce = (0.0, 0.0)
+        if tp > 1:  # 2 per layer, each a ring over the link LLMServingSim's config records for the run
+            link = json.loads((run_dir / "config.json").read_text())
+            hops = 2 * arch.num_layers
+            allreduce = (hops * link["link_latency"] * 1e-9,
+                         hops * 2 * (tp - 1) / tp * arch.hidden * 2 / (link["link_bw"] * 1e9))
+            run.notes.append(f"tensor-parallel all-reduce from the run's link ({link['link_bw']} GB/s, "
+                             f"{link['link_latency'] / 1e3:g} us): the kernel profile was taken on one GPU")
         run.mapping = Mapping(
+            allreduce=allreduce,
             engine={"max_num_seqs": kw["max_num_seqs"], "max_num_batched_tokens": kw["max_num_batched_tokens"],
                     "pool_tokens": kv_pool_tokens(arch, hw, tp, cfg["npu_mem"].get("mem_util", GPU_MEMORY_UTILIZATION),
                                                   0.0)},

@@ -18,6 +18,7 @@ disconnect; it counts as failed, as the real client counted it. Errors are signe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -70,7 +71,13 @@ def profile_cost(run: RealRun, host_s: float) -> StepCostModel:
 
     m = run.mapping
     profile = load_profile(m.profile_dir, m.tp, m.num_layers)
-    return fit_profile(profile, rng_for(Stream.CALIBRATION_BOOTSTRAP, 0), num_resamples=2).model(run.name, host_s)
+    model = fit_profile(profile, rng_for(Stream.CALIBRATION_BOOTSTRAP, 0), num_resamples=2).model(run.name, host_s)
+    step_s, token_s = m.allreduce
+    if not (step_s or token_s):
+        return model
+    decode = None if model.decode_s_per_token is None else model.decode_s_per_token + token_s
+    return dataclasses.replace(model, t0_s=model.t0_s + step_s, a_s_per_token=model.a_s_per_token + token_s,
+                               decode_s_per_token=decode)
 
 
 def host_time_s(runs: list[RealRun]) -> float:
