@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-from loadgen.sim.cost import StepCostModel, _nnls_small
+from loadgen.sim.cost import StepCostModel, nnls_small
 
 # architectures the vendored configs leave out, from each model's published config.json
 EXTRA_CONFIGS = {
@@ -167,7 +167,7 @@ def fit_constants(stages: list[Stage]) -> tuple[dict, list[float]]:
     """Non-negative least squares on relative residuals; returns the constants and each stage's
     relative residual (predicted / measured - 1)."""
     x = np.array([stage_features(s) / s.tpot_s for s in stages])
-    coef = _nnls_small(x, np.ones(len(stages)))
+    coef = nnls_small(x, np.ones(len(stages)))
     residuals = [float(v) for v in x @ coef - 1.0]
     return dict(zip(CONSTANTS, (float(v) for v in coef))), residuals
 

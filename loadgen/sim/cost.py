@@ -293,7 +293,7 @@ class FitResult:
         return "\n".join(lines)
 
 
-def _nnls_small(A: np.ndarray, y: np.ndarray) -> np.ndarray:
+def nnls_small(A: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Exact non-negative least squares for a handful of unknowns: best over active sets."""
     n = A.shape[1]
     best, best_err = np.zeros(n), float(np.sum(y * y))
@@ -330,7 +330,7 @@ def fit_cost_model(measurements: Sequence[Measurement], name: str = "fitted",
     scale = X.max(axis=0)
     scale[scale == 0] = 1.0
     A = (X / scale) / y[:, None]
-    coef = _nnls_small(A, np.ones_like(y)) / scale
+    coef = nnls_small(A, np.ones_like(y)) / scale
     model = StepCostModel(float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]), name=name,
                           mixed_decode_s_per_token=float(coef[4]) if mixed else 0.0)
     pred = X @ coef

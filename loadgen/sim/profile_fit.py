@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .cost import StepCostModel, _nnls_small
+from .cost import StepCostModel, nnls_small
 from .kernel_profile import KernelProfile, ProfiledStep
 
 KINDS = ("prefill", "decode", "mixed")
@@ -59,7 +59,7 @@ class _Design:
         scale = X.max(axis=0)
         scale[scale == 0] = 1.0
         A = (X / scale) / y[:, None] * w[:, None]
-        return _nnls_small(A, w) / scale
+        return nnls_small(A, w) / scale
 
     def relative(self, coef: np.ndarray, decode_apart: bool) -> list[float]:
         X = self.X_apart if decode_apart else self.X
