@@ -181,8 +181,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if host_s:
         print(f"host time per step (decode-only seconds of {HOST_RUN}): {host_s * 1e3:.2f} ms")
     chosen = [by_name[n] for n in args.run] if args.run else [r for r in runs if r.mapping is not None]
-    # the HTTP fit runs are simulated whichever runs are asked for: their TTFT gap is the HTTP client's
-    # overhead for every other run
+    # the HTTP fit runs are simulated whichever runs are asked for: their TTFT gap gives every HTTP
+    # run's first-token delay
     simulated = chosen + [r for r in runs if r.split == "fit" and r.mapping is not None and r.mapping.over_http
                           and r not in chosen]
     sims: dict[str, dict] = {}
