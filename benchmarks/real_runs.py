@@ -34,6 +34,8 @@ from typing import Optional
 import numpy as np
 import yaml
 
+from loadgen.analysis.latency import nearest_rank
+from loadgen.sim.host_time import read_requests
 from roofline import Architecture, Hardware, Roofline, architecture, kv_pool_tokens, load_architecture, load_hardware, overhead_bytes
 
 BLOCK_TOKENS = 16  # vLLM's default block size (none of these runs sets another)
@@ -103,10 +105,11 @@ class RealRun:
     notes: list = field(default_factory=list)  # how the mapping filled what the run does not record
 
 
-def _stats_ms(values_s: np.ndarray, prefix: str) -> dict:
-    ms = np.sort(values_s) * 1e3
-    rank = lambda q: float(ms[max(0, int(np.ceil(q * len(ms))) - 1)])  # nearest rank, as the serving table
-    return {f"{prefix}_mean": float(ms.mean()), f"{prefix}_p90": rank(0.9), f"{prefix}_p99": rank(0.99)}
+def stats_ms(values_s: np.ndarray, prefix: str) -> dict:
+    """Mean, p90 and p99 in ms, nearest rank as the serving table takes them (the METRICS names)."""
+    ms = np.asarray(values_s, dtype=float) * 1e3
+    return {f"{prefix}_mean": float(ms.mean()), f"{prefix}_p90": nearest_rank(ms, 0.9),
+            f"{prefix}_p99": nearest_rank(ms, 0.99)}
 
 
 def _lss_runs(data: Path) -> list[RealRun]:
@@ -117,12 +120,12 @@ def _lss_runs(data: Path) -> list[RealRun]:
         name = f"{run_dir.parent.name}/{run_dir.name}"
         meta = json.loads(meta_path.read_text())
         kw = meta["engine_kwargs"]
-        reqs = [json.loads(line) for line in (meta_path.parent / "requests.jsonl").read_text().splitlines() if line]
+        reqs = read_requests(meta_path.parent / "requests.jsonl")
         queued = np.array([r["queued_ts"] for r in reqs])
         first = np.array([r["first_token_ts"] for r in reqs])
         last = np.array([r["last_token_ts"] for r in reqs])
         out = np.array([r["output_toks"] for r in reqs])
-        measured = {**_stats_ms(first - queued, "ttft"), **_stats_ms(last - queued, "e2e"),
+        measured = {**stats_ms(first - queued, "ttft"), **stats_ms(last - queued, "e2e"),
                     "tpot_mean": float(np.mean((last - first) / np.maximum(1, out - 1))) * 1e3,
                     "request_throughput": len(reqs) / float(last.max() - queued.min())}
         run = RealRun(name, "LSS", "fit" if name == HOST_RUN else "validation", run_dir.parent.name,

@@ -40,7 +40,7 @@ from loadgen.core.spec import parse_spec  # noqa: E402
 from loadgen.core.workload import Stream, rng_for  # noqa: E402
 from loadgen.sim.cost import StepCostModel  # noqa: E402
 from real_runs import (BLOCK_TOKENS, CLIENT_TIMEOUT_S, HOST_RUN, METRICS, RealRun, discover,  # noqa: E402
-                       inference_perf_trace)
+                       inference_perf_trace, stats_ms)
 from roofline import Stage, fit_constants  # noqa: E402
 
 SEED = 1
@@ -130,12 +130,7 @@ def predicted(sim: dict, delay_s: float) -> tuple[dict, int]:
     ok = ~sim["failed"]
     out = sim["output"][ok]
 
-    def stats(values_s, name):
-        ms = np.sort(values_s) * 1e3
-        rank = lambda q: float(ms[max(0, int(np.ceil(q * len(ms))) - 1)])
-        return {f"{name}_mean": float(ms.mean()), f"{name}_p90": rank(0.9), f"{name}_p99": rank(0.99)}
-
-    metrics = {**stats(ttft[ok], "ttft"), **stats(e2e[ok], "e2e"),
+    metrics = {**stats_ms(ttft[ok], "ttft"), **stats_ms(e2e[ok], "e2e"),
                "tpot_mean": float(np.mean((e2e[ok] - ttft[ok]) / np.maximum(1, out - 1))) * 1e3,
                "request_throughput": float(ok.sum() / (sim["finish_s"][ok].max() - sim["ready_s"].min()))}
     return metrics, int((~ok).sum())

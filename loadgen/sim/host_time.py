@@ -44,7 +44,9 @@ class HostTick:
         return self.step_s - self.kernel_s
 
 
-def _requests(path: Path) -> list[dict]:
+def read_requests(path: Path) -> list[dict]:
+    """A run's vllm/requests.jsonl (LLMServingSim's layout): per request its lengths and engine
+    timestamps, as floats; ProfileError naming the line that lacks one."""
     need = ("input_toks", "output_toks", "queued_ts", "first_token_ts", "last_token_ts")
     out = []
     try:
@@ -82,7 +84,7 @@ def _ticks(path: Path) -> list[dict]:
 def decode_only_ticks(model: StepCostModel, run_dir: str | Path) -> list[HostTick]:
     run_dir = Path(run_dir)
     base = run_dir / "vllm" if (run_dir / "vllm").is_dir() else run_dir
-    requests = _requests(base / "requests.jsonl")
+    requests = read_requests(base / "requests.jsonl")
     start = min(r["queued_ts"] for r in requests)
     out = []
     for tick in _ticks(base / "timeseries.csv"):
