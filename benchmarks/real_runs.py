@@ -103,6 +103,7 @@ class RealRun:
     failed: Optional[int] = None
     collapsed: bool = False
     notes: list = field(default_factory=list)  # how the mapping filled what the run does not record
+    stage_means_s: tuple = ()  # per load stage, measured (mean TTFT, mean E2E), where the run records them
 
 
 def stats_ms(values_s: np.ndarray, prefix: str) -> dict:
@@ -171,6 +172,14 @@ def _workload(root: Path, meta: dict, notes: list) -> Path:
     return path
 
 
+def _trn_stage_means_s(results: Path, num_stages: int) -> tuple:
+    means = []
+    for i in range(num_stages):
+        lat = json.loads((results / f"stage_{i}_lifecycle_metrics.json").read_text())["successes"]["latency"]
+        means.append((lat["time_to_first_token"]["mean"], lat["request_latency"]["mean"]))
+    return tuple(means)
+
+
 def _trn_measured(results: Path, output_tokens: int) -> tuple[dict, int]:
     summary = json.loads((results / "summary_lifecycle_metrics.json").read_text())
     lat = summary["successes"]["latency"]
@@ -237,15 +246,16 @@ def discover(data: Path) -> list[RealRun]:
             echo = workloads[run_dir.name]["results_config_yaml"]
             sp = echo["data"]["shared_prefix"]
             measured, failed = _trn_measured(run_dir / "results", sp["output_len"])
+            stages = tuple((s["rate"], s["duration"]) for s in echo["load"]["stages"])
             run = RealRun(run_dir.name, "TRN", "fit", "H100", exp["model"], measured, failed=failed,
-                          collapsed=measured["ttft_mean"] > COLLAPSED_TTFT_MS)
+                          collapsed=measured["ttft_mean"] > COLLAPSED_TTFT_MS,
+                          stage_means_s=_trn_stage_means_s(run_dir / "results", len(stages)))
             if run.collapsed:
                 run.split = "validation"  # overloaded: left out of the fit, as BLIS leaves them
             trn_names[run_dir.name[:15]] = run.name
             blocks = (iter29.get(run_dir.name[:15]) or {}).get("total_kv_blocks")
             prefix = SharedPrefix(sp["system_prompt_len"], sp["question_len"], sp["output_len"], sp["num_groups"],
-                                  sp["num_prompts_per_group"],
-                                  tuple((s["rate"], s["duration"]) for s in echo["load"]["stages"]))
+                                  sp["num_prompts_per_group"], stages)
             pending.append((run, {"tp": exp["tensor_parallelism"], "max_num_seqs": exp["max_num_seqs"],
                                   "max_num_batched_tokens": exp["max_num_batched_tokens"],
                                   "max_model_len": exp["max_model_len"], "blocks": blocks, "prefix": prefix}))

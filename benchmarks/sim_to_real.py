@@ -46,7 +46,7 @@ from roofline import Stage, fit_constants  # noqa: E402
 SEED = 1
 
 
-def fit_stages(runs: list[RealRun], data: Path) -> list[Stage]:
+def fit_stages(runs: list[RealRun]) -> list[Stage]:
     """The measured stages of the ``fit`` runs that have a roofline (one row each for the fit)."""
     stages = []
     for run in runs:
@@ -56,10 +56,8 @@ def fit_stages(runs: list[RealRun], data: Path) -> list[Stage]:
         sp = m.shared_prefix
         prompt = sp.system_prompt_tokens + sp.question_tokens
         uncached = prompt - BLOCK_TOKENS * ((prompt - 1) // BLOCK_TOKENS)  # the recurring prompt's last block
-        results = data / "blis-training" / "default_args" / run.name / "results"
-        for i, (rate, _) in enumerate(sp.stages):
-            lat = json.loads((results / f"stage_{i}_lifecycle_metrics.json").read_text())["successes"]["latency"]
-            decode_s = lat["request_latency"]["mean"] - lat["time_to_first_token"]["mean"]
+        for (rate, _), (ttft_s, e2e_s) in zip(sp.stages, run.stage_means_s, strict=True):
+            decode_s = e2e_s - ttft_s
             stages.append(Stage(m.roofline, rate, prompt, uncached, sp.output_tokens,
                                 decode_s / (sp.output_tokens - 1), decode_s))
     return stages
@@ -166,7 +164,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"--run {name!r} cannot be mapped: {by_name[name].unmapped}", file=sys.stderr)
             return 2
     started = time.monotonic()
-    constants, residuals = fit_constants(fit_stages(runs, data)) if any(
+    constants, residuals = fit_constants(fit_stages(runs)) if any(
         r.split == "fit" and r.mapping is not None and r.mapping.roofline is not None for r in runs) else ({}, [])
     if constants:
         print("roofline constants (fit runs' stages, %d rows, |residual| median %.1f%%): %s" % (
