@@ -16,8 +16,9 @@ import yaml
 from loadgen.sim.kernel_profile import ProfileError, load_profile
 from loadgen.sim.profile_fit import fit_profile
 
-EXTRACT = (Path(__file__).parent / "fixtures" / "llmservingsim" / "profiler" / "perf" / "RTXPRO6000" / "meta-llama"
-           / "Llama-3.1-8B" / "bf16")
+# the profile rows of the real-run extract (tests/fixtures/gpu/README.md)
+EXTRACT = (Path(__file__).parents[1] / "fixtures" / "gpu" / "llmservingsim" / "profiler" / "perf" / "RTXPRO6000"
+           / "meta-llama" / "Llama-3.1-8B" / "bf16")
 
 
 def _rows(name: str) -> list[dict]:
