@@ -144,9 +144,9 @@ def _lss_runs(data: Path) -> list[RealRun]:
         allreduce = (0.0, 0.0)
         if tp > 1:  # 2 per layer, each a ring over the link LLMServingSim's config records for the run
             link = json.loads((run_dir / "config.json").read_text())
-            hops = 2 * arch.num_layers
+            hops = 2 * arch.shape.num_layers
             allreduce = (hops * link["link_latency"] * 1e-9,
-                         hops * 2 * (tp - 1) / tp * arch.hidden * 2 / (link["link_bw"] * 1e9))
+                         hops * 2 * (tp - 1) / tp * arch.shape.hidden_size * 2 / (link["link_bw"] * 1e9))
             run.notes.append(f"tensor-parallel all-reduce from the run's link ({link['link_bw']} GB/s, "
                              f"{link['link_latency'] / 1e3:g} us): the kernel profile was taken on one GPU")
         run.mapping = Mapping(
@@ -155,7 +155,7 @@ def _lss_runs(data: Path) -> list[RealRun]:
                     "pool_tokens": kv_pool_tokens(arch, hw, tp, cfg["npu_mem"].get("mem_util", GPU_MEMORY_UTILIZATION),
                                                   0.0)},
             gpu=run.gpu, tp=tp, profile_dir=root / "profiler" / "perf" / run.gpu / meta["model"] / "bf16",
-            num_layers=arch.num_layers, trace_path=_workload(root, meta, run.notes),
+            num_layers=arch.shape.num_layers, trace_path=_workload(root, meta, run.notes),
             notes=run.notes)
         run.notes.append("KV pool not recorded: vLLM's budget (mem_size x mem_util - weights)")
     return runs

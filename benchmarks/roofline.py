@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-from loadgen.sim.cost import StepCostModel, nnls_small
+
+from loadgen.sim.cost import StepCostModel, TransformerShape, nnls_small
 
 # architectures the vendored configs leave out, from each model's published config.json
 EXTRA_CONFIGS = {
@@ -41,42 +42,38 @@ CONSTANTS = ("h_s", "k_weights", "k_allreduce_s", "k_flops", "k_kv")
 
 @dataclass(frozen=True)
 class Architecture:
-    name: str
-    num_layers: int
-    hidden: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    total_params: float
-    active_params: float
-    weight_bytes_per_param: float  # 1 for FP8 weights
-    kv_bytes_per_element: float = 2.0
+    """A model's sizes (loadgen's TransformerShape, one expert's MLP for an MoE model) and what the
+    roofline needs beyond them: its parameter counts with every expert and with the active ones."""
 
-    def kv_bytes_per_token(self, tp: int) -> float:
+    shape: TransformerShape
+    total_params: int
+    active_params: int
+    weight_bytes_per_param: float  # 1 for FP8 weights
+
+    def kv_bytes_per_token(self, tp: int) -> int:
         """One context token's K and V on one GPU (a KV head is replicated when tp exceeds them)."""
-        heads_per_gpu = max(1, self.num_kv_heads // tp)
-        return 2 * self.num_layers * heads_per_gpu * self.head_dim * self.kv_bytes_per_element
+        s = self.shape
+        return s.kv_bytes_per_token() // s.num_kv_heads * max(1, s.num_kv_heads // tp)
 
 
 def architecture(name: str, config: dict, fp8_weights: bool = False) -> Architecture:
     """Parameter counts from a Hugging Face config (gated MLPs; MoE experts with a shared expert
     where the config says so, as Llama 4's)."""
     c = config.get("text_config", config)
-    h, layers = c["hidden_size"], c["num_hidden_layers"]
-    heads, kv_heads = c["num_attention_heads"], c.get("num_key_value_heads") or c["num_attention_heads"]
-    hd = c.get("head_dim") or h // heads
-    attn = h * heads * hd * 2 + h * kv_heads * hd * 2
+    h, heads = c["hidden_size"], c["num_attention_heads"]
     experts = c.get("num_local_experts") or c.get("num_experts") or 0
-    top_k = c.get("num_experts_per_tok") or 0
-    if experts:
-        inter = c.get("moe_intermediate_size") or c["intermediate_size"]
-        shared = 1 if c.get("model_type") == "llama4_text" else 0
-        mlp_total, mlp_active = 3 * h * inter * (experts + shared), 3 * h * inter * (top_k + shared)
-    else:
-        mlp_total = mlp_active = 3 * h * c["intermediate_size"]
-    embed = c["vocab_size"] * h * (1 if c.get("tie_word_embeddings") else 2)
-    return Architecture(name, layers, h, heads, kv_heads, hd, layers * (attn + mlp_total) + embed,
-                        layers * (attn + mlp_active) + c["vocab_size"] * h, 1.0 if fp8_weights else 2.0)
+    shape = TransformerShape(name, c["num_hidden_layers"], h, heads, c.get("num_key_value_heads") or heads,
+                             c.get("head_dim") or h // heads,
+                             (c.get("moe_intermediate_size") or c["intermediate_size"]) if experts else c["intermediate_size"],
+                             c["vocab_size"], bool(c.get("tie_word_embeddings")))
+    # the shape counts one MLP a layer; an MoE layer has its experts (and a shared one), top_k of them active
+    expert = shape.num_layers * 3 * h * shape.intermediate_size
+    shared = 1 if experts and c.get("model_type") == "llama4_text" else 0
+    extra_total = (experts + shared - 1) * expert if experts else 0
+    extra_active = ((c.get("num_experts_per_tok") or 0) + shared - 1) * expert if experts else 0
+    return Architecture(shape, shape.weight_params() + extra_total,
+                        shape.non_embedding_params() + extra_active + shape.vocab_size * h,
+                        1.0 if fp8_weights else 2.0)
 
 
 def load_architecture(model_configs: Path, model: str) -> Optional[Architecture]:
@@ -126,9 +123,9 @@ class Roofline:
     def of(cls, arch: Architecture, hw: Hardware, tp: int) -> "Roofline":
         peak = hw.peak_fp8_flops if arch.weight_bytes_per_param == 1.0 else hw.peak_flops
         return cls(arch.total_params * arch.weight_bytes_per_param / tp / hw.bw_bytes_per_s,
-                   2 * arch.num_layers * math.log2(tp),
+                   2 * arch.shape.num_layers * math.log2(tp),
                    2 * arch.active_params / tp / peak,
-                   4 * arch.num_layers * arch.num_heads * arch.head_dim / tp / peak,
+                   4 * arch.shape.attention_width() / tp / peak,
                    arch.kv_bytes_per_token(tp) / hw.bw_bytes_per_s)
 
     def cost_model(self, constants: dict, name: str) -> StepCostModel:
