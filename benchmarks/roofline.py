@@ -148,16 +148,28 @@ class Stage:
     decode_s: float  # measured E2E - TTFT
 
 
-def stage_features(s: Stage) -> np.ndarray:
-    """The mean step's features in the order of CONSTANTS: ``n`` requests decode (Little's law),
-    and a step of length tpot carries rate x tpot prompts' uncached tokens."""
-    n = s.rate_per_s * s.decode_s
-    prefills = s.rate_per_s * s.tpot_s
-    r = s.roofline
-    tokens = n + prefills * s.uncached_tokens
-    pairs = prefills * s.uncached_tokens * (s.prompt_tokens - s.uncached_tokens / 2)
-    context = n * (s.prompt_tokens + s.output_tokens / 2)
+def step_features(r: Roofline, running: float, prefills: float, prompt_tokens: float, uncached_tokens: float,
+                  output_tokens: float) -> np.ndarray:
+    """The features of a step, in the order of CONSTANTS, that decodes ``running`` requests (half way
+    through their output on average) and prefills ``prefills`` prompts' uncached tokens."""
+    tokens = running + prefills * uncached_tokens
+    pairs = prefills * uncached_tokens * (prompt_tokens - uncached_tokens / 2)
+    context = running * (prompt_tokens + output_tokens / 2)
     return np.array([1.0, r.weights_s, r.allreduce_hops, r.token_s * tokens + r.pair_s * pairs, r.kv_token_s * context])
+
+
+def stage_features(s: Stage) -> np.ndarray:
+    """The mean step of a stage: ``n`` requests decode (Little's law), and a step of length tpot
+    carries rate x tpot prompts."""
+    return step_features(s.roofline, s.rate_per_s * s.decode_s, s.rate_per_s * s.tpot_s, s.prompt_tokens,
+                         s.uncached_tokens, s.output_tokens)
+
+
+def saturated_features(r: Roofline, running: float, prompt_tokens: float, uncached_tokens: float,
+                       output_tokens: float) -> np.ndarray:
+    """The mean step of an engine whose queue never empties: ``running`` requests decode, and each
+    that finishes (one in ``output_tokens`` a step per request) lets one waiting prompt in."""
+    return step_features(r, running, running / output_tokens, prompt_tokens, uncached_tokens, output_tokens)
 
 
 def fit_constants(stages: list[Stage]) -> tuple[dict, list[float]]:

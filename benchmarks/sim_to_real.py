@@ -41,7 +41,7 @@ from loadgen.core.workload import Stream, rng_for  # noqa: E402
 from loadgen.sim.cost import StepCostModel  # noqa: E402
 from real_runs import (BLOCK_TOKENS, CLIENT_TIMEOUT_S, HOST_RUN, METRICS, RealRun, discover,  # noqa: E402
                        inference_perf_trace, stats_ms)
-from roofline import Stage, fit_constants  # noqa: E402
+from roofline import CONSTANTS, Stage, fit_constants, saturated_features  # noqa: E402
 
 SEED = 1
 
@@ -54,13 +54,18 @@ def fit_stages(runs: list[RealRun]) -> list[Stage]:
         if run.split != "fit" or m is None or m.roofline is None:
             continue
         sp = m.shared_prefix
-        prompt = sp.system_prompt_tokens + sp.question_tokens
-        uncached = prompt - BLOCK_TOKENS * ((prompt - 1) // BLOCK_TOKENS)  # the recurring prompt's last block
+        prompt, uncached = _prompt_tokens(sp)
         for (rate, _), (ttft_s, e2e_s) in zip(sp.stages, run.stage_means_s, strict=True):
             decode_s = e2e_s - ttft_s
             stages.append(Stage(m.roofline, rate, prompt, uncached, sp.output_tokens,
                                 decode_s / (sp.output_tokens - 1), decode_s))
     return stages
+
+
+def _prompt_tokens(sp) -> tuple[int, int]:
+    """A shared-prefix prompt's tokens, and what it prefills once it recurs (its last, partial block)."""
+    prompt = sp.system_prompt_tokens + sp.question_tokens
+    return prompt, prompt - BLOCK_TOKENS * ((prompt - 1) // BLOCK_TOKENS)
 
 
 def profile_cost(run: RealRun, host_s: float) -> StepCostModel:
@@ -141,6 +146,34 @@ def _step_s(sim: dict) -> float:
     return float(np.mean((sim["e2e_s"][ok] - sim["ttft_s"][ok]) / tokens))
 
 
+def given_step_time(run: RealRun, constants: dict, delay_steps: float, work: Path) -> dict:
+    """A collapsed run replayed with its roofline scaled so that the step of its saturated state
+    (max_num_seqs running, a prompt let in as each finishes) takes the measured time per output
+    token: whether the engine's queue, the client's timeout and the abort reproduce the collapse once
+    the step time is right. A run whose pool cannot hold max_num_seqs requests at full length
+    preempts, so its time per token is not one step's; it is skipped, said."""
+    m, sp = run.mapping, run.mapping.shared_prefix
+    prompt, uncached = _prompt_tokens(sp)
+    running = m.engine["max_num_seqs"]
+    holds = m.engine["pool_tokens"] // (prompt + sp.output_tokens)
+    if holds < running:
+        return {"run": run.name, "skipped": f"its pool holds {holds} requests at full length, fewer than "
+                                            f"max_num_seqs {running}: it preempts"}
+    ttft_s, e2e_s = run.stage_means_s[0]
+    measured_step_s = (e2e_s - ttft_s) / (sp.output_tokens - 1)
+    roofline_step_s = float(saturated_features(m.roofline, running, prompt, uncached, sp.output_tokens)
+                            @ np.array([constants[k] for k in CONSTANTS]))
+    scale = measured_step_s / roofline_step_s
+    cost = m.roofline.cost_model(constants, run.name)
+    cost = dataclasses.replace(cost, t0_s=cost.t0_s * scale, a_s_per_token=cost.a_s_per_token * scale,
+                               b_s_per_token2=cost.b_s_per_token2 * scale, g_s_per_token=cost.g_s_per_token * scale)
+    sim = simulate(run, cost, work)
+    pred, failed = predicted(sim, delay_steps * _step_s(sim))
+    return {"run": run.name, "roofline_step_ms": roofline_step_s * 1e3, "measured_step_ms": measured_step_s * 1e3,
+            "scale": scale, "measured_failed": run.failed, "simulated_failed": failed,
+            **{f"{k}_error": (pred[k] - run.measured[k]) / run.measured[k] for k in ("ttft_mean", "e2e_mean")}}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True, help="a folder laid out as the vendored real-run data")
@@ -213,6 +246,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             row[f"{key}_error"] = (pred[key] - real) / real if real else None
         row["itl_mean_error"] = row["tpot_mean_error"]  # the per-token time: TPOT (docs/sim-to-real.md)
         rows.append(row)
+    collapsed = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, run in enumerate(r for r in chosen if r.collapsed and r.name in sims and r.mapping.roofline is not None):
+            work = Path(tmp) / str(i)
+            work.mkdir()
+            collapsed.append(given_step_time(run, constants, delay_steps, work))
     unmapped = [{"run": r.name, "source": r.source, "reason": r.unmapped} for r in runs if r.mapping is None]
     print(table(rows))
     for split in ("fit", "validation"):
@@ -222,6 +261,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                   f"{100 * median(abs(r['ttft_mean_error']) for r in part):.1f}%, mean E2E "
                   f"{100 * median(abs(r['e2e_mean_error']) for r in part):.1f}%, TPOT "
                   f"{100 * median(abs(r['tpot_mean_error']) for r in part):.1f}%")
+    if collapsed:
+        print("collapsed runs with the step time they measured at max_num_seqs running (roofline scaled):")
+        for c in collapsed:
+            if "skipped" in c:
+                print(f"  {c['run'][:46]:46} skipped: {c['skipped']}")
+                continue
+            print(f"  {c['run'][:46]:46} step {c['roofline_step_ms']:.1f} -> {c['measured_step_ms']:.1f} ms "
+                  f"(x{c['scale']:.2f}): TTFT {100 * c['ttft_mean_error']:+.1f}%, E2E {100 * c['e2e_mean_error']:+.1f}%, "
+                  f"failed {c['measured_failed'] or 0} real / {c['simulated_failed']} simulated")
     print("not mapped:")
     for u in unmapped:
         print(f"  {u['source']} {u['run']}: {u['reason']}")
@@ -229,7 +277,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"constants": constants, "host_s_per_step": host_s, "first_token_delay_steps": delay_steps,
-             "runs": rows, "unmapped": unmapped}, indent=1) + "\n")
+             "runs": rows, "collapsed_given_step_time": collapsed, "unmapped": unmapped}, indent=1) + "\n")
     return 0
 
 

@@ -19,6 +19,7 @@ from roofline import CONSTANTS, Stage, fit_constants, stage_features  # noqa: E4
 
 DATA = ROOT / "tests" / "fixtures" / "gpu"
 SCRIPT = ROOT / "benchmarks" / "sim_to_real.py"
+COLLAPSED = "20260218-135247-mixtral-8x7b-v0-1-tp2-reasoning"
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +83,7 @@ def test_llm_d_traces_are_listed_with_what_they_lack(runs):
 
 
 def test_the_inference_perf_trace_sends_at_constant_intervals_and_repeats_each_prompt():
-    sp = discover(DATA)[3].mapping.shared_prefix  # the Llama-2-7b codegen run
+    sp = next(r for r in discover(DATA) if r.name == "20260217-155451-llama-2-7b-tp1-codegen").mapping.shared_prefix
     rows = inference_perf_trace(sp, seed=1)
     assert len(rows) == 5 * 600 + 10 * 600
     t = np.array([r["timestamp"] for r in rows])
@@ -130,7 +131,7 @@ def test_the_benchmark_writes_each_mapped_runs_signed_errors_by_split(tmp_path):
     by_run = {r["run"]: r for r in result["runs"]}
     assert set(by_run) == {"RTXPRO6000/Llama-3.1-8B", "20260217-155451-llama-2-7b-tp1-codegen",
                            "20260218-150956-codellama-34b-tp2-codegen", "63-mistral-nemo-12b-tp1-codegen-1-1",
-                           "14-qwen3-14b-tp1-codegen-1"}
+                           "14-qwen3-14b-tp1-codegen-1", COLLAPSED}
     for row in by_run.values():
         assert row["split"] in ("fit", "validation")
         for key in ("ttft_mean_error", "e2e_mean_error", "itl_mean_error"):
@@ -142,3 +143,12 @@ def test_the_benchmark_writes_each_mapped_runs_signed_errors_by_split(tmp_path):
         assert abs(by_run[name]["e2e_mean_error"]) < 0.25, (name, by_run[name]["e2e_mean_error"])
     assert {u["run"] for u in result["unmapped"]} >= {"RTXPRO6000/Qwen3-30B-A3B-Instruct-2507", "sharegpt-h200.jsonl"}
     assert "not mapped:" in done.stdout and "validation:" in done.stdout
+    # the collapsed run, left out of the fit, replayed again with the step time it measured at 128
+    # running: the queue, the client's 300 s timeout and the abort then give its collapse (the real
+    # run: mean TTFT 103 s, 3,294 of 4,800 requests timed out)
+    assert by_run[COLLAPSED]["split"] == "validation" and by_run[COLLAPSED]["measured_failed"] == 3294
+    (given,) = result["collapsed_given_step_time"]
+    assert given["run"] == COLLAPSED and given["measured_step_ms"] == pytest.approx(36.9, abs=0.1)
+    assert given["scale"] > 1.2  # the roofline's step at 128 running is short of the measured one
+    assert 1 / 1.5 < 1 + given["ttft_mean_error"] < 1.5
+    assert given["simulated_failed"] == pytest.approx(3294, rel=0.15)
