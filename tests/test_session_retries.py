@@ -109,3 +109,15 @@ def test_the_latency_table_says_how_many_turns_were_retried_failed_and_truncated
     lines = format_turn_outcomes(rows)
     assert lines[1:] == ["  base: 3 turns retried, 1 failed (timeout 1), 0 truncated (fewer output tokens than asked)"]
     assert format_turn_outcomes(rows[1:]) == []
+
+
+def test_an_http_status_decides_a_failures_cause_whatever_its_body_says():
+    from loadgen.analysis.attempts import failure_cause
+
+    assert failure_cause("HttpStatusError: HTTP 400: ValueError: prompt too long") == "http_4xx"
+    assert failure_cause("HttpStatusError: HTTP 500: timeout after 5 s upstream") == "http_5xx"
+    assert failure_cause("HttpStatusError: HTTP 503: ServerDisconnectedError") == "http_5xx"
+    # without a status, the text decides
+    assert failure_cause("TransportError: timeout after 5 s") == "timeout"
+    assert failure_cause("ClientResponseError: malformed response (ValueError: no usage)") == "malformed"
+    assert failure_cause("ServerDisconnectedError: Server disconnected") == "disconnected"

@@ -8,6 +8,7 @@ writes it (loadgen/live/raw_http.py, loadgen/live/http_client.py)."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import numpy as np
@@ -29,8 +30,17 @@ _CAUSES = (
 )
 
 
+# an answer with an HTTP error status: "HttpStatusError: HTTP 400: <body>" (raw_http.HttpStatusError)
+_STATUS = re.compile(r"^(?:\w+: )?HTTP ([45])\d\d\b")
+
+
 def failure_cause(error: str) -> str:
-    """The cause of a failed attempt, from its error text ("other" when none is recognised)."""
+    """The cause of a failed attempt, from its error text ("other" when none is recognised). An
+    HTTP status decides first: its body may say anything ("ValueError: prompt too long", "timeout
+    after 5 s") without the request having been malformed or timed out on the client."""
+    status = _STATUS.match(error)
+    if status:
+        return f"http_{status.group(1)}xx"
     for cause, markers in _CAUSES:
         if any(marker in error for marker in markers):
             return cause
