@@ -10,7 +10,7 @@ from .analysis import (SAFE_P, boundaries, cell_table, controller_gain, escape_t
                        seeds_to_show_safe, tipping_table, wilson_interval)
 from .budgets import BUDGETER, budget_params
 from .bounds import MapBounds
-from .grid import MapGrid, MapJob
+from .grid import MapGrid, MapJob, split_policy
 
 MAP_VERSION = 1
 
@@ -108,7 +108,7 @@ def format_report(summary: dict) -> str:
     lines = [
         f"metastability map of {summary['experiment']}: {len(grid['rates_per_s'])} rates x "
         f"{len(grid['trigger_factors'])} trigger factors x {len(grid['seeds'])} seeds x "
-        f"{len(grid['controllers'])} controllers = {n['grid']} runs of {summary['run_duration_s'] / 60:g} min; "
+        f"{_columns_text(grid['controllers'])} = {n['grid']} runs of {summary['run_duration_s'] / 60:g} min; "
         f"{n['bisect']} bisection runs; {n['escape']} escape runs"
         + (f"; {summary['num_failed']} failed" if summary["num_failed"] else ""),
         f"bounds: healthy side lambda <= {b['healthy_rate_per_s']:.4g}/s (lambda T (Z + R0) L = C: "
@@ -145,11 +145,14 @@ def format_report(summary: dict) -> str:
         parts = [f"{row['controller']} {_safe_text(row['highest_safe_rate'], row.get('highest_safe_rate_observed'), top)}"
                  for row in summary["boundaries"] if row["trigger_factor"] == f]
         lines.append(f"  {label}: " + "; ".join(parts))
-    tips = [t for t in summary["tipping"] if t["controller"] == "none"] or summary["tipping"]
-    if tips:
-        lines.append(f"minimal tipping trigger ({tips[0]['controller']}; per rate, the seeds some burst up to "
-                     f"x{max(grid['trigger_factors']):g} tips, their smallest tipping factors and the median over all "
-                     "seeds, '>' unless more than half tip): " + "; ".join(_tipping_text(t) for t in tips))
+    # the uncontrolled columns (one per router with --routers), else every column: each on its own line
+    columns = [c for c in grid["controllers"] if split_policy(c)[0] == "none"] or grid["controllers"]
+    for column in columns:
+        tips = [t for t in summary["tipping"] if t["controller"] == column]
+        if tips:
+            lines.append(f"minimal tipping trigger ({column}; per rate, the seeds some burst up to "
+                         f"x{max(grid['trigger_factors']):g} tips, their smallest tipping factors and the median over "
+                         "all seeds, '>' unless more than half tip): " + "; ".join(_tipping_text(t) for t in tips))
     for e in summary["escape"]:
         if e["mean_s"] is None:
             mean = f"> {_hours(e['mean_low_s'])} (95% lower limit)"
@@ -173,6 +176,14 @@ def format_report(summary: dict) -> str:
     if rec:
         lines += _recommendation_lines(rec, top)
     return "\n".join(lines)
+
+
+def _columns_text(columns: list[str]) -> str:
+    """The map's columns as the header counts them: controllers, and routers where --routers gave them."""
+    controllers = list(dict.fromkeys(split_policy(c)[0] for c in columns))
+    routers = list(dict.fromkeys(r for _, r in map(split_policy, columns) if r is not None))
+    text = f"{len(controllers)} controller{'s' * (len(controllers) != 1)}"
+    return text + (f" x {len(routers)} router{'s' * (len(routers) != 1)}" if routers else "")
 
 
 def _seeds_per_cell(summary: dict) -> str:

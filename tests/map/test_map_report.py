@@ -168,3 +168,20 @@ def test_with_enough_seeds_a_budget_degraded_at_the_lowest_rate_is_not_blamed_on
     assert ("no budget recommended: none tried is shown safe at any grid rate with trigger x1.5: runs degraded at "
             "the lowest grid rate already") in report
     assert "0 degraded still leaves" not in report
+
+
+def test_with_routers_each_routers_tipping_line_is_labelled_and_the_header_counts_routers():
+    rows = []
+    for rate in RATES:
+        for seed in range(1, 5):
+            tips = rate == 0.04 and seed == 1
+            rows += [_row("none+round_robin", rate, 0.0, seed, False), _row("none+round_robin", rate, 1.5, seed, False),
+                     _row("none+consistent_hash", rate, 0.0, seed, False),
+                     _row("none+consistent_hash", rate, 1.5, seed, tips)]
+    summary = _summary(rows, ("none+round_robin", "none+consistent_hash"), range(1, 5))
+    report = summary["report"].splitlines()
+    assert "x 4 seeds x 1 controller x 2 routers = 64 runs" in report[0]
+    lines = [ln for ln in report if ln.startswith("minimal tipping trigger")]
+    assert [ln.split(";")[0] for ln in lines] == ["minimal tipping trigger (none+round_robin",
+                                                 "minimal tipping trigger (none+consistent_hash"]
+    assert "0.04/s: 0/4 tip" in lines[0] and "0.04/s: 1/4 tip at x1.5" in lines[1]
