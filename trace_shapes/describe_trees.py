@@ -7,14 +7,14 @@ from collections import Counter
 from typing import Any, Optional, Sequence
 
 from .describe import _fmt, _row, _share, describe_sessions, distribution, recorded_lines
+from .tree import FORK, RecordedTree
+
+REPLAY_NOTE = ("trees replay as trees, in the simulator and live against an endpoint "
+               "(docs/trace-shapes.md#running-trees), each session with the linear replay's treatments")
 
 
 def _tokens_share(part: int, whole: int) -> str:
     return f"{part:,} of {whole:,} ({100 * part / whole:.1f}%)" if whole else f"{part:,} of 0"
-from .tree import FORK, RecordedTree
-
-REPLAY_NOTE = ("trees replay as trees in the simulator (docs/trace-shapes.md#running-trees), each session "
-                "with the linear replay's treatments; live replay of trees is refused")
 
 
 def shared_prefix_tokens(trees: Sequence[RecordedTree]) -> dict[str, int]:

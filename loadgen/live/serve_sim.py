@@ -395,7 +395,8 @@ class SimServer:
                 request_id = f"chatcmpl-{sim_req.request_id}"
             if not body.get("stream"):
                 await finished()
-                final = (chat_final if chat else completion_final)(self.model, request_id, sim_req, output_ids, body, pieces)
+                final = (chat_final if chat else completion_final)(self.model, request_id, sim_req, output_ids, body, pieces,
+                                                                 self.flavor)
                 return web.json_response(final, dumps=dumps)
             chunk = chat_chunk if chat else completion_chunk
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -414,7 +415,7 @@ class SimServer:
                 if options.get("include_usage"):
                     kind = "chat.completion.chunk" if chat else "text_completion"
                     await resp.write(sse({"id": request_id, "object": kind, "model": self.model,
-                                          "choices": [], "usage": usage_of(sim_req)}))
+                                          "choices": [], "usage": usage_of(sim_req, self.flavor)}))
                 await resp.write(b"data: [DONE]\n\n")
                 await resp.write_eof()
             except (ConnectionResetError, asyncio.CancelledError) as exc:

@@ -21,13 +21,13 @@ def completion_chunk(model: str, request_id: str, ids: list[int], body: dict, pi
 
 
 def completion_final(model: str, request_id: str, req: SimRequest, ids: list[int], body: dict,
-                     pieces: list[str]) -> dict:
+                     pieces: list[str], flavor: str) -> dict:
     text = "".join(pieces) if isinstance(body.get("prompt"), str) else " ".join(pieces)
     choice = {"index": 0, "text": text, "finish_reason": "length"}
     if body.get("return_token_ids"):
         choice["token_ids"] = ids
     return {"id": request_id, "object": "text_completion", "model": model, "choices": [choice],
-            "usage": usage_of(req)}
+            "usage": usage_of(req, flavor)}
 
 
 def chat_chunk(model: str, request_id: str, ids: list[int], body: dict, piece: str) -> dict:
@@ -37,18 +37,21 @@ def chat_chunk(model: str, request_id: str, ids: list[int], body: dict, piece: s
     return {"id": request_id, "object": "chat.completion.chunk", "model": model, "choices": [choice]}
 
 
-def chat_final(model: str, request_id: str, req: SimRequest, ids: list[int], body: dict, pieces: list[str]) -> dict:
+def chat_final(model: str, request_id: str, req: SimRequest, ids: list[int], body: dict, pieces: list[str],
+               flavor: str) -> dict:
     choice = {"index": 0, "message": {"role": "assistant", "content": "".join(pieces)}, "finish_reason": "length"}
     if body.get("return_token_ids"):
         choice["token_ids"] = ids
     return {"id": request_id, "object": "chat.completion", "model": model, "choices": [choice],
-            "usage": usage_of(req)}
+            "usage": usage_of(req, flavor)}
 
 
-def usage_of(req: SimRequest) -> dict:
+def usage_of(req: SimRequest, flavor: str) -> dict:
     usage = {"prompt_tokens": req.num_prompt_tokens, "completion_tokens": req.generated,
              "total_tokens": req.num_prompt_tokens + req.generated}
-    if req.num_cached_tokens > 0:  # vLLM omits the details when nothing hit
+    # vLLM (since its guard became ``num_cached_tokens is not None``) reports 0 cached tokens too;
+    # SGLang omits the details when nothing hit
+    if flavor == "vllm" or req.num_cached_tokens > 0:
         usage["prompt_tokens_details"] = {"cached_tokens": req.num_cached_tokens}
     return usage
 

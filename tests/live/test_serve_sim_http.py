@@ -86,3 +86,17 @@ def test_serve_sim_steps_with_the_jitter_its_cost_model_measured(serve_sim_facto
     spread = statistics.pstdev(ttfts) / statistics.median(ttfts)
     # lognormal with sd 0.4: a spread near 0.4; without jitter only the machine's timers (< 0.1)
     assert (spread > 0.2) if sigma else (spread < 0.1), ttfts
+
+
+@pytest.mark.parametrize("flavor,details", [("vllm", {"cached_tokens": 0}), ("sglang", None)])
+def test_a_cold_completion_reports_cached_tokens_as_its_engine_does(serve_sim_factory, flavor, details):
+    # vLLM reports 0 cached tokens (its guard is `num_cached_tokens is not None`); SGLang omits the field
+    import json
+    import urllib.request
+
+    server = serve_sim_factory(30.0, "--flavor", flavor)
+    body = json.dumps({"model": "sim", "prompt": PROMPT[:64], "max_tokens": 2}).encode()
+    request = urllib.request.Request(f"{server.url}/v1/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        usage = json.loads(response.read())["usage"]
+    assert usage["prompt_tokens"] == 64 and usage.get("prompt_tokens_details") == details

@@ -212,6 +212,9 @@ def test_shapes_describe_reports_tree_shapes():
     proc = _loadgen("shapes", "describe", "orchestrator-workers", "--num-sessions", "30", "--seed", "3")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("orchestrator-workers: 30 session trees") and "fan-out per branch" in proc.stdout
+    # live replay of trees works (tests/live): the note must not send a user away from it
+    assert "trees replay as trees, in the simulator and live against an endpoint" in proc.stdout
+    assert "refused" not in proc.stdout
     again = _loadgen("shapes", "describe", "orchestrator-workers", "--num-sessions", "30", "--seed", "3")
     assert again.stdout == proc.stdout
 
