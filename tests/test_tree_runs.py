@@ -350,3 +350,23 @@ def test_on_a_deployment_a_fork_away_from_its_parent_misses_by_routing():
         else:  # all it inherits sat on the parent's replica: a routing miss
             assert row.miss_routing_tokens == (3100 - 1) // 16 * 16 - row.cached_tokens > 0
     assert len(set(turns.replica[[(CHILD_ID_BASE + 1, 0), (CHILD_ID_BASE + 2, 0)]])) == 2
+
+
+def test_tree_hit_ratios_count_the_turns_the_runs_hit_ratio_counts():
+    """A turn the run does not count as successful (no finish time) is not in the tree ratios either."""
+    import pyarrow as pa
+
+    from loadgen.analysis.runs import RunData
+    from loadgen.analysis.trees import trees_by_arm
+
+    turns = pa.table({"session_id": [7, 7, 7, 7], "turn_index": [0, 1, 2, 3],
+                      "error": [None, None, None, ""], "finish_s": [1.0, 2.0, float("nan"), 4.0],
+                      "prompt_tokens": [100, 200, 300, 400], "cached_tokens": [0, 100, 300, 200],
+                      "joined_tokens": [0, 50, 0, 0], "after_join": [False, True, False, False]})
+    sessions = pa.table({"session_id": [7], "depth": [0], "arrival_s": [0.0], "tree_finish_s": [4.0],
+                         "tree_num_sessions": [1], "tree_id": [7]})
+    run = RunData(run_dir=None, run_json={"arm": "base"}, turns=turns, samples=None, sessions=sessions)
+    (row,) = trees_by_arm([run], ["base"])
+    assert row["hit_ratio_after_join"] == 100 / 200
+    # turn 2 never finished; turn 3's empty error is a success, as success_mask reads it
+    assert row["hit_ratio_other_turns"] == 200 / 400

@@ -8,8 +8,9 @@ summary.json `trees_by_arm` is absent otherwise.
   ended, with how many arrived (the rest were still running at the end: a percentile over the
   ended ones alone would flatter a run that left many open);
 * exposed context: the token-weighted hit ratio of parents' turns right after a join
-  (turns.parquet ``joined_tokens > 0``), whose context sat idle for the children's whole
-  lifetime, beside that of every other turn after the first.
+  (turns.parquet ``after_join``; ``joined_tokens > 0`` in results written before that column),
+  whose context sat idle for the children's whole lifetime, beside that of every other
+  successful turn after the first (successful as the run's hit ratio counts them).
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
+
+from ..core.arrow_numpy import bool_values, int_values
+from .runs import float_column, success_mask
 
 
 def trees_by_arm(runs: list, arms: list[str]) -> Optional[list[dict]]:
@@ -41,14 +47,14 @@ def trees_by_arm(runs: list, arms: list[str]) -> Optional[list[dict]]:
                     completion.append(finish - arrival)
                     sizes.append(size)
             t = run.turns
-            ok = t.filter(pc.and_(pc.is_null(t["error"]), pc.greater(t["turn_index"], 0)))
-            joined = pc.greater(ok["joined_tokens"], 0)
-            after = ok.filter(joined)
-            rest = ok.filter(pc.invert(joined))
-            join_hit += _sum(after["cached_tokens"])
-            join_prompt += _sum(after["prompt_tokens"])
-            other_hit += _sum(rest["cached_tokens"])
-            other_prompt += _sum(rest["prompt_tokens"])
+            ok = success_mask(t) & (int_values(t.column("turn_index")) > 0)
+            after = _after_join(t)
+            cached = np.nan_to_num(float_column(t, "cached_tokens"))
+            prompt = np.nan_to_num(float_column(t, "prompt_tokens"))
+            join_hit += int(cached[ok & after].sum())
+            join_prompt += int(prompt[ok & after].sum())
+            other_hit += int(cached[ok & ~after].sum())
+            other_prompt += int(prompt[ok & ~after].sum())
         completion.sort()
         rows.append({
             "arm": arm, "trees_arrived": arrived, "trees_ended": len(completion),
@@ -60,9 +66,11 @@ def trees_by_arm(runs: list, arms: list[str]) -> Optional[list[dict]]:
     return rows
 
 
-def _sum(column) -> int:
-    value = pc.sum(column).as_py()
-    return int(value) if value is not None else 0
+def _after_join(turns: pa.Table) -> np.ndarray:
+    """True for turns whose prompt follows a join."""
+    if "after_join" in turns.column_names:
+        return bool_values(pc.fill_null(turns.column("after_join"), False))
+    return np.nan_to_num(float_column(turns, "joined_tokens")) > 0  # results written before after_join
 
 
 def _pct(sorted_values: list[float], q: float) -> Optional[float]:

@@ -63,7 +63,9 @@ TREE_FIELDS = [("parent_session_id", pa.int64()), ("tree_id", pa.int64()), ("dep
 # ended (null when some had not ended by the end of the run)
 TREE_ROOT_FIELDS = [("tree_num_sessions", pa.int32()), ("tree_finish_s", pa.float64())]
 # and on turns: the tokens this prompt appends from the children it waited for at a join (0: no join)
-TREE_TURN_FIELDS = [("joined_tokens", pa.int64())]
+# after_join: the turn's prompt follows a join (its parent waited for children), whatever tokens
+# the join appended (a recorded trace's next prompt already holds the children's results: 0)
+TREE_TURN_FIELDS = [("joined_tokens", pa.int64()), ("after_join", pa.bool_())]
 
 SAMPLE_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("t_s", pa.float64()),
@@ -349,9 +351,10 @@ class RunRecorder:
         if self.replica_columns:
             values += (replica, miss_routing_tokens, miss_eviction_tokens)
         if self.tree_columns:
-            joined = self._joined.get((session_id, turn_index), 0) if error is not None else \
-                self._joined.pop((session_id, turn_index), 0)
-            values += self._tree_of.get(session_id, (None, session_id, 0)) + (joined,)
+            key = (session_id, turn_index)
+            after_join = key in self._joined
+            joined = self._joined.get(key, 0) if error is not None else self._joined.pop(key, 0)
+            values += self._tree_of.get(session_id, (None, session_id, 0)) + (joined, after_join)
         self._turns.append(values)
         if error is None:
             self.turns_completed += 1

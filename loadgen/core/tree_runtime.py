@@ -156,14 +156,15 @@ class TreeRuntime:
         for b, branch in enumerate(tree.branches):
             if branch.after_turn == turn:
                 self._spawn(node, b, context_after, output_ids, output_text)
-        joined = 0
+        joined, joins = 0, False
         for b, branch in enumerate(tree.branches):
             if branch.join_turn != turn + 1:
                 continue
             ended = node.ended_children[b]
             await self._wait(node, lambda: len(ended) >= branch.num_awaited)
             joined += branch.join_tokens(list(ended))
-        if joined:
+            joins = True
+        if joins:  # a recorded trace's join appends 0 tokens (its next prompt holds the results already)
             self.recorder.tree_joined(node.session_id, turn + 1, joined)
         return joined
 

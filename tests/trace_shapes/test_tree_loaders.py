@@ -294,3 +294,12 @@ def test_a_recorded_tree_replays_as_a_tree(tmp_path):
     assert len(spawned) >= len(joined.children)
     awaited = sorted(spawned.finish_s)[:len(joined.children)]
     assert root.ready_s[joined.join_turn] >= max(awaited)
+    # the joining request is marked, though a recorded join appends nothing (its prompt holds the
+    # results), so the trees table has a hit ratio after joins
+    assert root.joined_tokens[joined.join_turn] == 0 and bool(root.after_join[joined.join_turn])
+    assert not root.after_join.drop(joined.join_turn).any()
+    from loadgen.analysis.summary import summarize
+
+    (row,) = summarize(tmp_path)["trees_by_arm"]
+    after = turns[turns.after_join & turns.error.isna()]
+    assert row["hit_ratio_after_join"] == after.cached_tokens.sum() / after.prompt_tokens.sum()
