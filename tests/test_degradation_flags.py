@@ -52,13 +52,18 @@ def test_summary_runs_carry_how_a_run_ends_and_how_much_of_it_was_degraded(tmp_p
     assert (burst["degraded_arm"], burst["degraded_baseline"], burst["discordant_arm_only"]) == (2, 0, 2)
 
 
-def test_a_run_with_no_turns_at_the_end_ends_degraded(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pending,share", [(3, 2 / 5), (0, 0.0)], ids=["stalled", "idle"])
+def test_a_run_with_no_turns_at_the_end_ends_degraded(tmp_path: Path, pending: int, share: float) -> None:
     stopped = steady_turns(0.0, 1900.0, 10.0, 0.9)  # nothing finishes in the last 10 minutes
-    write_run_dir(tmp_path, "burst-s1", "burst", 1, stopped, [], BURST, DURATION_S, TRIGGER_END_S, spec=SPEC)
+    # three sessions in the system all along: waiting for the engine (stalled), or thinking (idle)
+    samples = [sample_row(t, 3, sessions_thinking=3 - pending) for t in range(0, 2700, 10)]
+    write_run_dir(tmp_path, "burst-s1", "burst", 1, stopped, samples, BURST, DURATION_S, TRIGGER_END_S, spec=SPEC)
     (run,) = summarize(tmp_path)["runs"]
     assert run["hit_ratio_last10min"] is None and run["ends_degraded"] is True
-    # [2100, 2400) and [2400, 2700) have no finished turn: empty windows are degraded
-    assert run["degraded_windows_after_trigger"] == pytest.approx(2 / 5)
+    # [2100, 2400) and [2400, 2700) have no finished turn: degraded when requests were pending in
+    # them, else idle and not judged (three healthy windows before)
+    assert run["degraded_windows_after_trigger"] == pytest.approx(share)
+    assert run["persistently_degraded"] is (pending > 0)
 
 
 def test_a_single_window_after_the_trigger_is_not_labelled_final_window_only(tmp_path: Path) -> None:

@@ -266,3 +266,15 @@ def test_a_sweep_refuses_a_serve_sim_deployment_rather_than_launching_one_engine
     with pytest.raises(SpecError, match="engine.simulator.replicas: a launched serve-sim serves one simulated "
                                         "engine; for N of them per run give engine.replicas"):
         parse_spec(data)
+
+
+def test_a_replica_the_router_leaves_idle_for_a_while_is_not_degraded(tmp_path):
+    # light load on two consistent-hash replicas: replica 0 serves no turn in some 5-minute
+    # windows (an idle window is neither healthy nor degraded); every window it served hit ~0.95
+    spec = deployment_spec({"policy": "consistent_hash"}, replicas=2, pool_tokens=400_000, seeds=(4,),
+                           duration_s=3600, workload={"arrival_rate_per_s": 0.01}, arms=[{"name": "base"}])
+    run_simulated(spec, RunKey("base", 4), tmp_path)
+    (entry,) = write_summary(tmp_path)["runs"]
+    per_replica = entry["replicas"]["per_replica"]
+    assert all(r["hit_ratio"] > 0.9 for r in per_replica)
+    assert [r["persistently_degraded"] for r in per_replica] == [False, False]

@@ -93,3 +93,39 @@ def test_replicates_over_workers_are_the_same_bytes_as_one_after_another(tmp_pat
     assert len(files) >= 4  # two runs x two replicates, turns at least
     for rel in [*files, "replicates.json"]:
         assert (outs["1"] / rel).read_bytes() == (outs["2"] / rel).read_bytes(), rel
+
+
+def test_replicates_of_seeds_run_in_batches_add_up_and_resume_skips_the_done_ones(tmp_path):
+    data = make_spec_dict(duration_s=300, seeds=[1, 2])
+    data["engine"] = {**data["engine"], "cost_model": JITTERED}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    out = tmp_path / "res"
+    for seed in ("1", "2"):
+        proc = _loadgen("run", str(spec), "--out", str(out), "--no-report", "--replicates", "3", "--seeds", seed)
+        assert proc.returncode == 0, proc.stderr
+    table = json.loads((out / "replicates.json").read_text())
+    assert set(table["runs"]) == {"base-s1", "burst-s1", "base-s2", "burst-s2"}  # the first batch kept
+    assert all(len(row["final_window_only"]) == 3 for row in table["runs"].values())
+    before = (out / "replicates" / "r2" / "runs" / "base-s1" / "turns.parquet").stat().st_mtime_ns
+    proc = _loadgen("run", str(spec), "--out", str(out), "--no-report", "--replicates", "3", "--resume")
+    assert proc.returncode == 0, proc.stderr
+    assert "replicate" not in proc.stderr.replace("replicates", "")  # no replicate ran again
+    assert (out / "replicates" / "r2" / "runs" / "base-s1" / "turns.parquet").stat().st_mtime_ns == before
+    assert json.loads((out / "replicates.json").read_text()) == table
+    # another R into the same directory would mix probabilities over different counts
+    proc = _loadgen("run", str(spec), "--out", str(out), "--no-report", "--replicates", "4", "--seeds", "1")
+    assert proc.returncode == 2 and "holds 3 replicates per run" in proc.stderr and "--replicates 3" in proc.stderr
+
+
+def test_the_replicates_listing_names_runs_degraded_only_in_their_final_window_as_the_paired_table_does():
+    from loadgen.replicates import format_replicates
+
+    summary = {"num_replicates": 2, "runs": {
+        "burst-s503": {"degraded": [True, True], "final_window_only": [True, False], "p_degraded": 1.0},
+        "burst-s504": {"degraded": [True, True], "final_window_only": [False, False], "p_degraded": 1.0},
+        "burst-s505": {"degraded": [False, True], "p_degraded": 0.5}}}  # written before final_window_only
+    lines = format_replicates(summary).splitlines()
+    assert lines[1].split()[1:3] == ["1.00", "degraded"]
+    assert "(1 of 2 only in the final window: 'final' in the paired table)" in lines[1]
+    assert lines[2].endswith("1.00  degraded") and lines[3].endswith("0.50  borderline")

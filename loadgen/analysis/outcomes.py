@@ -17,9 +17,8 @@ from .sessions import task_outcome
 from .slo import slo_outcome
 from .tokenization import tokenization_outcome
 from .runs import RunData, float_column, json_float, success_mask
-from .windows import (LAST_HIT_WINDOW_S, LAST_SESSIONS_WINDOW_S, degraded_only_in_final_window,
-                      degraded_windows, ends_degraded, hit_ratio_between, num_turns_between,
-                      persistently_degraded)
+from .windows import (LAST_HIT_WINDOW_S, LAST_SESSIONS_WINDOW_S, busy_sample_times, degraded_only_in_final_window,
+                      degraded_to_the_end, degraded_windows, ends_degraded, hit_ratio_between, num_turns_between)
 
 
 def _mean_sessions_between(samples: pa.Table, start_s: float, end_s: float) -> float:
@@ -59,7 +58,9 @@ def run_outcome(run: RunData) -> dict:
         turns_completed = int(success_mask(run.turns).sum())
     num_last_turns = num_turns_between(run.turns, last_hit_start_s, duration_s)
     hit_last10min = hit_ratio_between(run.turns, last_hit_start_s, duration_s)
-    degraded = degraded_windows(run.turns, info.get("reference_trigger_end_s"), duration_s)
+    # a window with no finished turn is stalled (degraded) when some session was not thinking
+    busy_s = busy_sample_times(run.samples, ("sessions_in_system", "-sessions_thinking"))
+    degraded = degraded_windows(run.turns, info.get("reference_trigger_end_s"), duration_s, busy_s=busy_s)
 
     return {
         "run_id": str(info["run_id"]),
@@ -75,9 +76,7 @@ def run_outcome(run: RunData) -> dict:
                 run.samples, duration_s - LAST_SESSIONS_WINDOW_S, duration_s
             )
         ),
-        "persistently_degraded": persistently_degraded(
-            run.turns, info.get("reference_trigger_end_s"), duration_s
-        ),
+        "persistently_degraded": degraded_to_the_end(degraded),
         "turns_completed": turns_completed,
         "sessions_completed": _count(run, "sessions_completed", "sessions_completed_total"),
         "turns_per_s_last10min": (

@@ -22,10 +22,11 @@ from typing import Optional
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..core.arrow_numpy import array
 from .runs import RunData, float_column, json_float, read_parquet, success_mask
-from .windows import persistently_degraded
+from .windows import busy_sample_times, persistently_degraded
 
 COUNTS = ("turns", "sessions", "prompt_tokens", "cached_tokens", "miss_workload_tokens", "miss_routing_tokens",
           "miss_eviction_tokens")
@@ -37,6 +38,7 @@ def replica_outcome(run: RunData) -> dict:
     if not isinstance(num_replicas, int) or num_replicas < 2 or "replica" not in run.turns.column_names:
         return {}
     turns = run.turns
+    samples = read_replica_samples(run.run_dir) if run.run_dir is not None else None
     ok = success_mask(turns)
     replica = float_column(turns, "replica")
     prompt = np.nan_to_num(float_column(turns, "prompt_tokens"))
@@ -60,16 +62,25 @@ def replica_outcome(run: RunData) -> dict:
             for name in ("miss_routing_tokens", "miss_eviction_tokens", "miss_workload_tokens"):
                 row[name] = None
         row["hit_ratio"] = json_float(row["cached_tokens"] / row["prompt_tokens"]) if row["prompt_tokens"] else None
-        # a replica the router never used is idle, not degraded (None)
+        # a replica the router never used is idle, not degraded (None); one it stopped using has
+        # idle windows, which are not judged (stalled ones, with requests pending, are)
         row["persistently_degraded"] = persistently_degraded(
             turns.filter(array(replica == i, pa.bool_())), info.get("reference_trigger_end_s"),
-            float(info["duration_s"])) if row["turns"] else None
+            float(info["duration_s"]), busy_s=_busy_s(samples, i)) if row["turns"] else None
         per_replica.append(row)
     total = {name: sum(r[name] for r in per_replica) if attributed or not name.startswith("miss_") else None
              for name in COUNTS}
     total["hit_ratio"] = json_float(total["cached_tokens"] / total["prompt_tokens"]) if total["prompt_tokens"] else None
     return {"replicas": {"router": info.get("router"), "num_replicas": num_replicas, "per_replica": per_replica,
-                         "deployment": total, **imbalance_outcome(run.run_dir, num_replicas)}}
+                         "deployment": total, **imbalance_outcome(samples, num_replicas)}}
+
+
+def _busy_s(samples: Optional[pa.Table], index: int) -> Optional[np.ndarray]:
+    """The sample times at which replica ``index`` had requests running or waiting."""
+    if samples is None:
+        return None
+    mine = samples.filter(pc.equal(samples.column("replica_index"), index))
+    return busy_sample_times(mine, ("num_running", "num_waiting"))
 
 
 def _home_replicas(turns: pa.Table) -> np.ndarray:
@@ -107,8 +118,7 @@ def read_replica_samples(run_dir: Path) -> Optional[pa.Table]:
     return read_parquet(path) if path.is_file() else None
 
 
-def imbalance_outcome(run_dir: Path, num_replicas: int) -> dict:
-    table = read_replica_samples(run_dir)
+def imbalance_outcome(table: Optional[pa.Table], num_replicas: int) -> dict:
     if table is None or table.num_rows == 0:
         return {"load_imbalance_mean": None, "load_imbalance_max": None, "kv_usage_spread_mean": None,
                 "hottest_replica": None, "hottest_replica_share": None}

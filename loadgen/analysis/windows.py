@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
-from .runs import successful_turns
+from .runs import float_column, successful_turns
 
 LAST_HIT_WINDOW_S = 600.0
 LAST_SESSIONS_WINDOW_S = 300.0
@@ -109,30 +109,54 @@ def window_hit_ratios(turns: pa.Table, starts_s: np.ndarray, width_s: float, run
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(prompt_tokens > 0, cached_tokens / prompt_tokens, np.nan)
 
+def window_states(
+    turns: pa.Table,
+    reference_trigger_end_s: Optional[float],
+    duration_s: float,
+    threshold: float = DEGRADED_HIT_RATIO,
+    window_s: float = DEGRADED_WINDOW_S,
+    busy_s: Optional[np.ndarray] = None,
+) -> np.ndarray:
+    """Each full window after the trigger: 1.0 degraded, 0.0 healthy, NaN idle (possibly no window).
+
+    Windows are [te + window_s*k, te + window_s*(k+1)) for those ending by duration_s, with te
+    = reference_trigger_end_s (0 when the experiment has no trigger). A window is degraded when
+    its hit ratio is below threshold. One with no finished turn is idle, neither healthy nor
+    degraded (a replica the router stopped using, a light load's quiet stretch), unless requests
+    were pending in it (``busy_s``: the sample times at which some were): then it is stalled, and
+    degraded.
+    """
+    trigger_end_s = 0.0 if reference_trigger_end_s is None else float(reference_trigger_end_s)
+    if duration_s <= trigger_end_s:
+        return np.zeros(0)
+    num_full_windows = int(math.floor((duration_s - trigger_end_s) / window_s + EPS_S))
+    if num_full_windows == 0:
+        return np.zeros(0)
+    series = window_series(
+        turns, trigger_end_s, trigger_end_s + num_full_windows * window_s, window_s
+    )
+    states = np.where(np.isnan(series.hit_ratio), np.nan, (series.hit_ratio < threshold).astype(np.float64))
+    if busy_s is not None:
+        k = np.floor((np.asarray(busy_s, dtype=np.float64) - trigger_end_s) / window_s).astype(np.int64)
+        busy = np.zeros(num_full_windows, dtype=bool)
+        busy[k[(k >= 0) & (k < num_full_windows)]] = True
+        states[np.isnan(states) & busy] = 1.0
+    return states
+
+
 def degraded_windows(
     turns: pa.Table,
     reference_trigger_end_s: Optional[float],
     duration_s: float,
     threshold: float = DEGRADED_HIT_RATIO,
     window_s: float = DEGRADED_WINDOW_S,
+    busy_s: Optional[np.ndarray] = None,
 ) -> np.ndarray:
-    """Whether each full window after the trigger is degraded (bool array, possibly empty).
+    """Whether each judged window after the trigger is degraded (bool array, in time order,
+    possibly empty): ``window_states`` without its idle windows."""
+    states = window_states(turns, reference_trigger_end_s, duration_s, threshold, window_s, busy_s)
+    return states[~np.isnan(states)].astype(bool)
 
-    Windows are [te + window_s*k, te + window_s*(k+1)) for those ending by duration_s, with te
-    = reference_trigger_end_s (0 when the experiment has no trigger). A window is degraded when
-    its hit ratio is below threshold or it has no finished turns.
-    """
-    trigger_end_s = 0.0 if reference_trigger_end_s is None else float(reference_trigger_end_s)
-    if duration_s <= trigger_end_s:
-        return np.zeros(0, dtype=bool)
-    num_full_windows = int(math.floor((duration_s - trigger_end_s) / window_s + EPS_S))
-    if num_full_windows == 0:
-        return np.zeros(0, dtype=bool)
-    series = window_series(
-        turns, trigger_end_s, trigger_end_s + num_full_windows * window_s, window_s
-    )
-    # NaN (an empty window) compares False to >= threshold, so it counts as degraded.
-    return ~(series.hit_ratio >= threshold)
 
 def persistently_degraded(
     turns: pa.Table,
@@ -140,22 +164,39 @@ def persistently_degraded(
     duration_s: float,
     threshold: float = DEGRADED_HIT_RATIO,
     window_s: float = DEGRADED_WINDOW_S,
+    busy_s: Optional[np.ndarray] = None,
 ) -> bool:
-    """Whether the run stays degraded from its first degraded window after the trigger to its end.
+    """Whether the run ends degraded for good: its last judged window after the trigger is
+    degraded (and so is the stretch of judged windows back to the last healthy one; a recovery
+    before that stretch does not clear it). Idle windows are not judged. No judged window: False.
+    A run degraded only in its final window counts (``degraded_only_in_final_window`` tells those
+    apart)."""
+    return degraded_to_the_end(degraded_windows(turns, reference_trigger_end_s, duration_s, threshold, window_s, busy_s))
 
-    Windows as in ``degraded_windows``. No full window: False. A run degraded only in its final
-    window counts (``degraded_only_in_final_window`` tells those apart).
-    """
-    degraded = degraded_windows(turns, reference_trigger_end_s, duration_s, threshold, window_s)
-    if not degraded.any():
-        return False
-    first_degraded = int(np.argmax(degraded))
-    return bool(degraded[first_degraded:].all())
+
+def degraded_to_the_end(degraded: np.ndarray) -> bool:
+    """Of ``degraded_windows``: the last judged window is degraded (``persistently_degraded``)."""
+    return bool(len(degraded) and degraded[-1])
+
 
 def degraded_only_in_final_window(degraded: np.ndarray) -> bool:
     """Of ``degraded_windows``: the final window is degraded and no other is. Needs two windows
     at least: a run with a single window after the trigger shows no healthy stretch before."""
     return bool(len(degraded) >= 2 and degraded[-1] and not degraded[:-1].any())
+
+
+def busy_sample_times(samples: Optional[pa.Table], pending: tuple[str, ...]) -> Optional[np.ndarray]:
+    """The sample times at which requests were pending (the ``pending`` columns sum above 0,
+    ``-name`` subtracts one); None when the samples lack a column (an older run: idle and
+    stalled windows cannot be told apart, and both go unjudged)."""
+    names = [p.lstrip("-") for p in pending]
+    if samples is None or samples.num_rows == 0 or any(n not in samples.column_names for n in names):
+        return None
+    total = np.zeros(samples.num_rows)
+    for p, n in zip(pending, names):
+        total += (-1 if p.startswith("-") else 1) * np.nan_to_num(float_column(samples, n))
+    return float_column(samples, "t_s")[total > 0]
+
 
 def ends_degraded(hit_ratio_last10min: float, threshold: float = DEGRADED_HIT_RATIO) -> bool:
     """The run's last 10 minutes are degraded: hit ratio below threshold, or no finished turn."""

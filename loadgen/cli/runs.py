@@ -82,11 +82,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     num_workers = args.workers or default_workers()
     keys = _selected_runs(spec, args)
     out = Path(args.out)
-    if args.replicates is not None:
+    _claim_results_dir(out, spec, args.force_new_spec, console)
+    if args.replicates is not None:  # after the claim: --force-new-spec moves an earlier replicates.json aside
         from ..replicates import check_replicates
 
-        check_replicates(spec, args.replicates, Path(args.spec).resolve().parent)
-    _claim_results_dir(out, spec, args.force_new_spec, console)
+        check_replicates(spec, args.replicates, Path(args.spec).resolve().parent, out)
     live = spec.engine.kind == "openai"
     num_to_run = len(keys)
     if args.resume is not None:
@@ -153,7 +153,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         summary = run_replicates(spec, out, keys, args.replicates, Path(args.spec).resolve().parent,
                                  on_done=lambda key, r, info: args.quiet or console.print(
                                      f"{key.run_id} replicate {r}: {info.get('status')}"),
-                                 num_workers=num_workers)
+                                 num_workers=num_workers, resume=args.resume is not None)
         print(format_replicates(summary), flush=True)
     return 1 if failed or unreadable else 0
 

@@ -26,7 +26,7 @@ from .spec import ExperimentSpec
 RESULTS_DIR_EXEMPT = ("seeds", "description", "engine.url")
 # what the previous runs' files are moved into by --force-new-spec, numbered from 1
 PREVIOUS_PREFIX = "previous-"
-_MOVED_ASIDE = ("runs", "spec.yaml", "summary.json", "figures", "compare")
+_MOVED_ASIDE = ("runs", "spec.yaml", "summary.json", "figures", "compare", "replicates", "replicates.json")
 
 
 class MixedSpecError(ValueError):
