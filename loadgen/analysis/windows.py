@@ -180,9 +180,10 @@ def degraded_to_the_end(degraded: np.ndarray) -> bool:
 
 
 def degraded_only_in_final_window(degraded: np.ndarray) -> bool:
-    """Of ``degraded_windows``: the final window is degraded and no other is. Needs two windows
-    at least: a run with a single window after the trigger shows no healthy stretch before."""
-    return bool(len(degraded) >= 2 and degraded[-1] and not degraded[:-1].any())
+    """Of ``degraded_windows``: the degraded stretch the run ends in is its final window alone (the
+    judged window before it is healthy): a late dip, not a collapse. Needs two windows at least: a
+    run with a single window after the trigger shows no healthy stretch before."""
+    return bool(len(degraded) >= 2 and degraded[-1] and not degraded[-2])
 
 
 def busy_sample_times(samples: Optional[pa.Table], pending: tuple[str, ...]) -> Optional[np.ndarray]:
