@@ -278,3 +278,56 @@ def test_a_replica_the_router_leaves_idle_for_a_while_is_not_degraded(tmp_path):
     per_replica = entry["replicas"]["per_replica"]
     assert all(r["hit_ratio"] > 0.9 for r in per_replica)
     assert [r["persistently_degraded"] for r in per_replica] == [False, False]
+
+
+def test_a_routers_burst_arm_is_paired_with_its_own_no_burst_twin_and_the_report_says_which_is_safe(tmp_path):
+    from loadgen.analysis.tables import format_outcome_table
+
+    burst = [{"kind": "burst", "extra_rate_factor": 1.5, "start_min": 5, "duration_min": 5}]
+    arms = [{"name": f"{name}-{side}", "engine": {"router": {"policy": policy}},
+             **({"triggers": burst} if side == "burst" else {})}
+            for name, policy in (("rr", "round_robin"), ("ch", "consistent_hash")) for side in ("no-burst", "burst")]
+    spec = deployment_spec({"policy": "round_robin"}, replicas=2, pool_tokens=400_000, seeds=(1,), duration_s=1200,
+                           arms=arms)
+    for arm in arms:
+        run_simulated(spec, RunKey(arm["name"], 1), tmp_path)
+    summary = write_summary(tmp_path)
+    pairs = summary["pairs"]
+    assert pairs["baseline_arm"] == "rr-no-burst"
+    assert [(c["arm"], c["baseline_arm"], c["n_pairs"]) for c in pairs["comparisons"]] == [
+        ("rr-burst", "rr-no-burst", 1), ("ch-burst", "ch-no-burst", 1)]
+    text = format_outcome_table(summary)
+    assert "ch-burst vs ch-no-burst: 1 pairs" in text and "ch-burst vs rr-no-burst" not in text
+    verdicts = text.split("routers at this load")[1].splitlines()[1:3]
+    assert verdicts[0].startswith("  round_robin: rr-burst ") and verdicts[1].startswith("  consistent_hash: ch-burst ")
+    assert all(("not safe (" in v or "safe in 1 runs" in v) for v in verdicts)
+    # the first arm left out: the other router's pair stands, no line of 0 pairs
+    (tmp_path / "runs" / "rr-no-burst-s1" / "run.json").unlink()
+    import shutil
+    shutil.rmtree(tmp_path / "runs" / "rr-no-burst-s1")
+    assert [c["arm"] for c in write_summary(tmp_path)["pairs"]["comparisons"]] == ["ch-burst"]
+
+
+def test_the_paired_table_shows_replicas_degraded_in_a_deployment_that_is_not():
+    from loadgen.analysis.tables import format_outcome_table
+
+    def run(arm, degraded, replicas):
+        per = [{"persistently_degraded": d} for d in replicas]
+        return {"arm": arm, "seed": 501, "run_id": f"{arm}-s501", "hit_ratio_last10min": 0.6,
+                "sessions_in_system_last5min": 10.0, "persistently_degraded": degraded, "ends_degraded": False,
+                "degraded_windows_after_trigger": 0.3, "degraded_only_in_final_window": False,
+                "replicas": {"router": "consistent_hash", "num_replicas": 4, "per_replica": per,
+                             "deployment": {"prompt_tokens": 100, "cached_tokens": 60, "miss_routing_tokens": 0,
+                                            "miss_eviction_tokens": 40},
+                             "load_imbalance_mean": 1.5, "hottest_replica_share": 0.5}}
+
+    runs = [run("ch-no-burst", False, [False] * 4), run("ch-burst", False, [True, True, False, False])]
+    summary = {"experiment": "x", "runs": runs, "pairs": {"baseline_arm": "ch-no-burst", "comparisons": [
+        {"arm": "ch-burst", "baseline_arm": "ch-no-burst", "n_pairs": 1, "degraded_baseline": 0, "degraded_arm": 0,
+         "discordant_arm_only": 0, "discordant_baseline_only": 0, "sign_test_p": 1.0,
+         "per_seed": [{"seed": 501, "baseline": runs[0], "arm": runs[1]}]}]}}
+    text = format_outcome_table(summary)
+    row = next(line for line in text.splitlines() if line.lstrip().startswith("501"))
+    assert row.split("|")[2].split()[2] == "2/4rep" and row.split("|")[1].split()[2] == "no"
+    assert "replicas persistently degraded 2/4 (ch-burst) vs 0/4 (ch-no-burst)" in text
+    assert "ch-burst not safe (0/1 runs, 2/4 replica-runs persistently degraded)" in text

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 
 def sign_test_p(k: int, n: int) -> float:
@@ -53,17 +53,41 @@ def _comparison(arm: str, baseline: Mapping[int, dict], treated: Mapping[int, di
         "per_seed": per_seed,
     }
 
-def paired_comparisons(run_outcomes: Sequence[Mapping[str, Any]], baseline_arm: str) -> dict:
-    """Pair runs by seed between baseline_arm and every other arm (in order of first appearance).
+def twin_baselines(spec_arms: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """For each arm with triggers, its twin: the arm without triggers that is the same in every
+    other field (the pair that differs only in the trigger, e.g. a router's burst and no-burst
+    arms); arms without such a twin are left out."""
+    def rest(arm: Mapping[str, Any]) -> dict:
+        return {k: v for k, v in arm.items() if k not in ("name", "triggers")}
+
+    untriggered = [a for a in spec_arms if not a.get("triggers")]
+    twins = {}
+    for arm in spec_arms:
+        if arm.get("triggers"):
+            twin = next((u["name"] for u in untriggered if rest(u) == rest(arm)), None)
+            if twin is not None:
+                twins[arm["name"]] = twin
+    return twins
+
+
+def paired_comparisons(run_outcomes: Sequence[Mapping[str, Any]], baseline_arm: str,
+                       twins: Optional[Mapping[str, str]] = None) -> dict:
+    """Pair runs by seed between each arm and its baseline (in order of first appearance): its
+    twin where ``twins`` names one (``twin_baselines``), else ``baseline_arm``; an arm that is
+    another's twin is that arm's baseline and is not compared itself.
 
     Seeds present in only one arm of a comparison are skipped. Returns the `pairs` object of
-    summary.json.
+    summary.json; each comparison names its ``baseline_arm``.
     """
+    twins = dict(twins or {})
     by_arm = _runs_by_arm_and_seed(run_outcomes)
-    baseline = by_arm.get(baseline_arm, {})
-    comparisons = [
-        _comparison(arm, baseline, treated)
-        for arm, treated in by_arm.items()
-        if arm != baseline_arm
-    ]
+    twins = {arm: twin for arm, twin in twins.items() if arm in by_arm and twin in by_arm}
+    comparisons = []
+    for arm, treated in by_arm.items():
+        if arm == baseline_arm or arm in twins.values():
+            continue
+        base = twins.get(arm, baseline_arm)
+        if base not in by_arm:  # its baseline did not run (--arms left it out): no pairs to show
+            continue
+        comparisons.append({**_comparison(arm, by_arm.get(base, {}), treated), "baseline_arm": base})
     return {"baseline_arm": baseline_arm, "comparisons": comparisons}

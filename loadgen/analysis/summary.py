@@ -15,7 +15,7 @@ from .drain import cold_turn_fit, drain_fields
 from .latency import latency_by_arm
 from .trees import trees_by_arm
 from .outcomes import run_outcome
-from .paired import paired_comparisons
+from .paired import paired_comparisons, twin_baselines
 from .recovery import has_control, recovery_table
 from .runs import RunData, load_run, read_run_json
 from .serving import is_replay, serving_by_arm
@@ -117,7 +117,9 @@ def summarize(results_dir: str | os.PathLike, load: Callable[[Path], RunData] = 
         if replays:
             pairs["not_judged"] = REPLAY_VERDICTS
     else:
-        pairs = paired_comparisons(outcomes, baseline_arm)
+        spec = run_jsons[0].get("spec") if run_jsons else None
+        spec_arms = [a for a in (spec.get("arms") or []) if isinstance(a, Mapping)] if isinstance(spec, Mapping) else []
+        pairs = paired_comparisons(outcomes, baseline_arm, twin_baselines(spec_arms))
     summary = {
         "experiment": _experiment_name(run_jsons),
         "runs": outcomes,

@@ -11,10 +11,11 @@ from .windows import DEGRADED_HIT_RATIO
 
 
 def table_arms(summary: Mapping[str, Any]) -> list[str]:
-    """Baseline arm, then compared arms, then any other arm with runs."""
+    """Baseline arm, then each compared arm after its own baseline, then any other arm with runs."""
     pairs = summary.get("pairs") or {}
     arms = [pairs.get("baseline_arm")] if pairs.get("baseline_arm") else []
-    arms += [c["arm"] for c in pairs.get("comparisons", [])]
+    for c in pairs.get("comparisons", []):
+        arms += [c.get("baseline_arm") or pairs.get("baseline_arm"), c["arm"]]
     arms += [r["arm"] for r in summary.get("runs", [])]
     return list(dict.fromkeys(arms))
 
@@ -34,6 +35,7 @@ def outcome_table(summary: Mapping[str, Any]) -> list[dict]:
             "ends_degraded": run.get("ends_degraded"),
             "degraded_windows_after_trigger": run.get("degraded_windows_after_trigger"),
             "degraded_only_in_final_window": bool(run.get("degraded_only_in_final_window")),
+            "replicas_degraded": _replicas_degraded(run),
         }
     return [
         {"seed": seed, "arms": {arm: by_seed[seed].get(arm) for arm in arms}}
@@ -61,9 +63,19 @@ def _blocks(group_widths: Sequence[int], first_width: int) -> list[list[int]]:
     return blocks
 
 
+def _replicas_degraded(run: Mapping[str, Any]) -> Optional[tuple[int, int]]:
+    """(replicas persistently degraded, replicas) of a run on a deployment, else None."""
+    replicas = run.get("replicas")
+    if not replicas:
+        return None
+    return (sum(bool(r.get("persistently_degraded")) for r in replicas["per_replica"]), replicas["num_replicas"])
+
+
 def _fmt_degraded(cell: Mapping[str, Any]) -> str:
     if not cell["persistently_degraded"]:
-        return "no"
+        replicas = cell.get("replicas_degraded")
+        # the deployment as a whole is not, but some of its replicas are
+        return f"{replicas[0]}/{replicas[1]}rep" if replicas and replicas[0] else "no"
     # degraded by the definition, but only its final window is: a late dip, not a collapse
     return "final" if cell["degraded_only_in_final_window"] else "YES"
 
@@ -86,6 +98,7 @@ def _count_per_seed(comparison: Mapping[str, Any], side: str, field: str) -> int
 
 def _fmt_comparison(comparison: Mapping[str, Any], baseline_arm: str) -> str:
     arm, n_pairs = comparison["arm"], comparison["n_pairs"]
+    baseline_arm = comparison.get("baseline_arm") or baseline_arm  # summaries before per-comparison baselines
     line = (
         f"{arm} vs {baseline_arm}: {n_pairs} pairs; persistently degraded "
         f"{comparison['degraded_arm']}/{n_pairs} ({arm}) vs "
@@ -100,7 +113,43 @@ def _fmt_comparison(comparison: Mapping[str, Any], baseline_arm: str) -> str:
         line += (f"; of the degraded, only in the final window: {final_only['arm']} ({arm}) / "
                  f"{final_only['baseline']} ({baseline_arm})")
     ends = {side: _count_per_seed(comparison, side, "ends_degraded") for side in ("arm", "baseline")}
-    return line + f"; ends degraded {ends['arm']}/{n_pairs} ({arm}) vs {ends['baseline']}/{n_pairs} ({baseline_arm})"
+    line += f"; ends degraded {ends['arm']}/{n_pairs} ({arm}) vs {ends['baseline']}/{n_pairs} ({baseline_arm})"
+    replicas = {side: [_replicas_degraded(e[side]) for e in comparison.get("per_seed", [])] for side in ("arm", "baseline")}
+    if all(r is not None for side in replicas.values() for r in side) and replicas["arm"]:
+        line += "; replicas persistently degraded " + " vs ".join(
+            f"{sum(r[0] for r in replicas[side])}/{sum(r[1] for r in replicas[side])} ({name})"
+            for side, name in (("arm", arm), ("baseline", baseline_arm)))
+    return line
+
+def router_verdict_lines(pairs: Mapping[str, Any]) -> list[str]:
+    """For runs on deployments, per compared pair (a router's burst arm and its no-burst twin):
+    whether each arm stayed healthy at this load, with what that rests on: safe means no run and
+    no replica persistently degraded, and then the 95% upper bound on P(degraded) its runs allow."""
+    from ..map.analysis import SAFE_P, wilson_interval
+
+    def verdict(arm: str, entries: list[dict], reps: list[tuple[int, int]]) -> str:
+        runs = sum(bool(e.get("persistently_degraded")) for e in entries)
+        bad, total = sum(r[0] for r in reps), sum(r[1] for r in reps)
+        if runs or bad:
+            return f"{arm} not safe ({runs}/{len(entries)} runs, {bad}/{total} replica-runs persistently degraded)"
+        upper = wilson_interval(0, len(entries))[1]
+        return (f"{arm} safe in {len(entries)} runs (no run or replica degraded: P(degraded) <= {upper:.0%}, 95% upper "
+                f"bound{'' if upper < SAFE_P else '; more seeds to show < ' + format(SAFE_P, '.0%')})")
+
+    rows = []
+    for c in pairs.get("comparisons", []):
+        per_seed = c.get("per_seed", [])
+        sides = {side: ([e[side] for e in per_seed], [_replicas_degraded(e[side]) for e in per_seed])
+                 for side in ("arm", "baseline")}
+        if not per_seed or any(r is None for _, reps in sides.values() for r in reps):
+            continue
+        router = (per_seed[0]["arm"].get("replicas") or {}).get("router") or "?"
+        rows.append(f"  {router}: " + "; ".join(verdict(name, *sides[side]) for side, name in
+                                               (("arm", c["arm"]), ("baseline", c.get("baseline_arm") or pairs.get("baseline_arm")))))
+    if not rows:
+        return []
+    return ["routers at this load (safe: no run and no replica persistently degraded, over the paired seeds):", *rows]
+
 
 def format_outcome_table(summary: Mapping[str, Any]) -> str:
     """The paired outcome table as fixed-width text, followed by one line per comparison."""
@@ -164,11 +213,13 @@ def format_outcome_table(summary: Mapping[str, Any]) -> str:
     lines += table
     lines += textwrap.wrap(
         "hit10m: token-weighted hit ratio, last 10 min; sess5m: mean sessions in system, "
-        "last 5 min; degraded: persistently degraded (final: only its final 5-min window is); "
+        "last 5 min; degraded: persistently degraded (final: only its final 5-min window is; k/Nrep: the "
+        "deployment is not, k of its N replicas are); "
         f"ends: hit10m < {DEGRADED_HIT_RATIO:g}; degwin: share of the 5-min windows after the trigger that are degraded",
         TABLE_WIDTH, subsequent_indent="  ")
     for comparison in pairs.get("comparisons", []):
         lines.append(_fmt_comparison(comparison, str(pairs.get("baseline_arm"))))
+    lines += router_verdict_lines(pairs)
     lines += ideal_hit_lines(summary, arms)
     lines += replica_lines(summary, arms)  # runs on a deployment (docs/deployments.md#records)
     lines += drain_lines(summary)
