@@ -335,3 +335,31 @@ def test_an_error_event_in_the_stream_is_a_failed_turn_that_is_retried(event):
     assert result.error is not None and result.output_tokens == 0
     assert ("engine overloaded" in result.error or "boom" in result.error or "not a JSON object" in result.error)
     assert RetryPolicy(max_attempts=3).should_retry(1, result.error)
+
+
+@pytest.mark.parametrize("server_scale,run_scale,outcome", [
+    (None, 1.0, []), (None, 20.0, "warning"), (20.0, 20.0, []), (1.0, 20.0, "refused")])
+def test_a_time_scale_the_server_does_not_run_at_is_refused_or_warned_of(server_scale, run_scale, outcome):
+    base = _server()
+
+    def handler(method, path, body):
+        if path == "/loadgen/lag" and server_scale is not None:  # serve-sim says its scale
+            return MockResponse(json={"time_scale": server_scale, "lateness": {}})
+        return base(method, path, body)
+
+    async def go():
+        client = OpenAIEngineClient(WallClock(run_scale), EndpointOptions(url="http://engine:8000"),
+                                    MockTransport(handler))
+        return await client.preflight()
+
+    if outcome == "refused":
+        with pytest.raises(PreflightError, match=r"serve-sim at --time-scale 1, and this run's time scale is 20.*"
+                                                 r"start serve-sim with --time-scale 20, or run with --time-scale 1"):
+            run(go())
+        return
+    warnings = run(go())["warnings"]
+    if outcome == "warning":
+        (warning,) = warnings
+        assert warning.startswith("--time-scale 20 against http://engine:8000") and "20x as long" in warning
+    else:
+        assert warnings == []

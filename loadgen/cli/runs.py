@@ -102,6 +102,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                          if spec.workload.replay is not None and spec.workload.replay.until_done else ""))
     failed = []
     lagging = []  # (run id, run.json "lag") of live runs that fell behind their time scale
+    warned: set[str] = set()  # preflight warnings already printed
     runs_left = [num_to_run]
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console,
@@ -130,6 +131,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 failed.append((key.run_id, info.get("error")))
             if info.get("lagging"):
                 lagging.append((key.run_id, info["lag"]))
+            for warning in (info.get("preflight") or {}).get("warnings") or []:
+                if warning not in warned:  # the same endpoint says the same for every run: once
+                    warned.add(warning)
+                    progress.console.print(f"warning: {warning} (run.json preflight.warnings)", markup=False,
+                                           highlight=False, soft_wrap=True, style="yellow")
             counts = info.get("counts", {})
             progress.update(task, advance=1, last=f"{key.run_id}: {status}, {counts.get('turns_completed', 0)} turns, "
                                                   f"{wall_s:.2f} s")

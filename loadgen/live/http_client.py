@@ -427,7 +427,32 @@ class OpenAIEngineClient:
         return {"model": self.model, "prompt_mode": self.prompt_mode, "pool_tokens": pool, "block_size": block_size,
                 "server": self.server, "max_model_len": self.max_model_len,
                 "probe_cached_tokens": [r.cached_tokens for r in results],
-                "api": self.api, "prompt_lengths": self._prompt_lengths()}
+                "api": self.api, "prompt_lengths": self._prompt_lengths(),
+                "warnings": await self._time_scale_check()}
+
+    async def _time_scale_check(self) -> list[str]:
+        """serve-sim says its time scale (``/loadgen/lag``): another than the run's is refused, as
+        every engine step would take the ratio of them longer or shorter in run time than its cost
+        model says. A server that does not say it (vLLM, SGLang) runs in real time: a scaled run
+        against it is warned of (its steps read time_scale times longer in run time)."""
+        run_scale = getattr(self.clock, "time_scale", 1.0)
+        try:
+            data = await self._json("GET", LAG_PATH, timeout_s=10.0)
+            server_scale = float(data["time_scale"])
+        except Exception:  # not serve-sim (or a test double): nothing said
+            server_scale = None
+        if server_scale is None:
+            if run_scale == 1.0:
+                return []
+            return [f"--time-scale {run_scale:g} against {self.base}, which does not report a time scale (a real "
+                    f"engine runs in real time): its steps take {run_scale:g}x as long in run time as on the server "
+                    f"(a 30 ms step reads {0.03 * run_scale:.3g} s); the run compares with a twin only at its own speed"]
+        if abs(server_scale - run_scale) > 1e-9 * max(server_scale, run_scale):
+            raise PreflightError(
+                f"{self.base} is serve-sim at --time-scale {server_scale:g}, and this run's time scale is {run_scale:g}: "
+                f"its engine steps would take {run_scale / server_scale:.3g}x as long in run time as its cost model says; "
+                f"start serve-sim with --time-scale {run_scale:g}, or run with --time-scale {server_scale:g}")
+        return []
 
     def _prompt_lengths(self) -> dict:
         """How prompt lengths are made (run.json preflight): token ids are exact by construction;

@@ -1,5 +1,6 @@
 """The live path end to end: real HTTP to a serve-sim process, faults included."""
 
+import json
 import threading
 
 import pyarrow.parquet as pq
@@ -105,3 +106,15 @@ def test_a_live_run_of_session_trees_sends_the_parents_ids_and_hits_where_virtua
         assert same >= 0.9 * len(common)
         assert all(live[key][0] == virtual[key][0] for key in common)  # exact prompt lengths
         assert sum(live[k][1] for k in children) >= 0.9 * sum(virtual[k][1] for k in children) > 0
+
+
+def test_a_run_at_another_time_scale_than_serve_sims_is_refused_before_any_load(tmp_path, serve_sim_factory):
+    server = serve_sim_factory(1.0)  # the run below is at x30
+    _, spec = live_spec(server.url)
+    from loadgen.live.http_client import PreflightError
+
+    with pytest.raises(PreflightError, match="serve-sim at --time-scale 1, and this run's time scale is 30"):
+        run_live(spec, RunKey("base", 3), tmp_path)  # `loadgen run` says it and exits 2 (loadgen/experiment.py)
+    info = json.loads((tmp_path / "runs" / "base-s3" / "run.json").read_text())
+    assert info["status"] == "failed" and "start serve-sim with --time-scale 30" in info["error"]
+    assert not (tmp_path / "runs" / "base-s3" / "turns.parquet").exists()
