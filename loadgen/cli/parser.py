@@ -174,8 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also predict every measurement with this preset or cost.json and exit 1 when the engine "
                           "runs more than --tolerance faster or slower than it says: is a twin still true?")
     cal.add_argument("--tolerance", type=float, default=0.10,
-                     help="with --check: the smallest bound on |measured / predicted - 1| of a row (a noisy "
-                          "row's bound is 3x its repeats' spread); every row of every class must be within it")
+                     help="with --check: the bound on |measured / predicted - 1| every row of every class must be "
+                          "within; a row outside it but within 3x its repeats' spread is noisy, and the check then "
+                          "says it cannot tell (exit 1)")
     cal.add_argument("--name", help="the cost model's name (default: the file name)")
     cal.add_argument("--repeats", type=int, default=3, help="repeats per measurement (median kept)")
     cal.add_argument("--max-num-batched-tokens", type=int, default=8192, help="the server's step token budget")

@@ -360,7 +360,8 @@ async def reset_prefix_cache(client: OpenAIEngineClient) -> str:
 async def calibrate(client: OpenAIEngineClient, plan: CalibrationPlan, name: str, time_scale: float = 1.0,
                     log: Callable[[str], None] = lambda msg: None, seed: int = 0,
                     reset_cache: bool = True) -> CalibrationResult:
-    info = await client.preflight(plan.largest_context())
+    # its clock is unscaled (measured seconds are scaled here): the server's scale is checked against time_scale
+    info = await client.preflight(plan.largest_context(), time_scale=time_scale)
     log(f"calibrating {client.base} ({info['model']}, pool {info['pool_tokens']} tokens, prompts of seed {seed})")
     cache_reset = await reset_prefix_cache(client) if reset_cache else "not asked"
     if cache_reset.startswith("not reset"):

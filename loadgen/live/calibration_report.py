@@ -72,10 +72,21 @@ def finish_calibration(result: CalibrationResult, plan: CalibrationPlan, out: Op
                   f"(use it as engine.cost_model) and {fit_path}")
     if check is not None:
         print(check.table())
-        if not check.passed:
+        if check.failures:
             print(f"{checked.name} does not describe this engine: " + "; ".join(check.failures)
                   + "; calibrate again and run the twin on the new cost.json", file=sys.stderr)
             code = 1
+        elif check.inconclusive:
+            print(f"{checked.name}: not checked, the measurements are too noisy to tell: "
+                  + "; ".join(check.inconclusive), file=sys.stderr)
+            code = 1
+    if code and warnings and time_scale > 1:  # the one thing to change
+        print(f"what to change: at --time-scale {time_scale:g} every real-time cost of this machine (timers, HTTP) "
+              f"weighs {time_scale:g}x against the engine's steps; calibrate at --time-scale 1 (serve-sim too)",
+              file=sys.stderr)
+    elif code and warnings:
+        print("what to change: the rows were noisy or the machine busy (warnings above): a quieter machine, or "
+              "more --repeats", file=sys.stderr)
     if strict and warnings:
         print("--strict: the measurements above are too noisy to stand behind", file=sys.stderr)
         code = 1

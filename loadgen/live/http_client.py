@@ -339,9 +339,11 @@ class OpenAIEngineClient:
                              f"{FLUSH_RETRY_INTERVAL_S:g} s of run time apart (last answer: {last})")
 
     # ---------------------------------------------------------------- preflight
-    async def preflight(self, needed_context_tokens: int = 0, pool_tokens: Optional[int] = None) -> dict:
+    async def preflight(self, needed_context_tokens: int = 0, pool_tokens: Optional[int] = None,
+                        time_scale: Optional[float] = None) -> dict:
         """Before any load: reachable, model served, token-id prompts accepted, cached tokens
-        reported, pool size known. Raises PreflightError with what to fix."""
+        reported, pool size known, serve-sim at the run's ``time_scale`` (default: the clock's).
+        Raises PreflightError with what to fix."""
         try:
             models = await self._json("GET", "/v1/models")
         except HttpStatusError as exc:
@@ -428,14 +430,15 @@ class OpenAIEngineClient:
                 "server": self.server, "max_model_len": self.max_model_len,
                 "probe_cached_tokens": [r.cached_tokens for r in results],
                 "api": self.api, "prompt_lengths": self._prompt_lengths(),
-                "warnings": await self._time_scale_check()}
+                "warnings": await self._time_scale_check(time_scale)}
 
-    async def _time_scale_check(self) -> list[str]:
+    async def _time_scale_check(self, run_scale: Optional[float]) -> list[str]:
         """serve-sim says its time scale (``/loadgen/lag``): another than the run's is refused, as
         every engine step would take the ratio of them longer or shorter in run time than its cost
         model says. A server that does not say it (vLLM, SGLang) runs in real time: a scaled run
         against it is warned of (its steps read time_scale times longer in run time)."""
-        run_scale = getattr(self.clock, "time_scale", 1.0)
+        if run_scale is None:
+            run_scale = getattr(self.clock, "time_scale", 1.0)
         try:
             data = await self._json("GET", LAG_PATH, timeout_s=10.0)
             server_scale = float(data["time_scale"])

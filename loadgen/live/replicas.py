@@ -90,7 +90,8 @@ class ReplicaSetClient(OpenAIEngineClient):
         return LatenessHistogram.merged(found)
 
     # ---------------------------------------------------------------- pool, block size
-    async def preflight(self, needed_context_tokens: int = 0, pool_tokens: Optional[int] = None) -> dict:
+    async def preflight(self, needed_context_tokens: int = 0, pool_tokens: Optional[int] = None,
+                        time_scale: Optional[float] = None) -> dict:
         """The router's preflight (model, probes, cached tokens: with the session header the probes
         stay on one replica), with the pool and flavour from every replica: PreflightError naming a
         replica that cannot be scraped or whose pool is unknown (unless the spec gives pool_tokens)."""
@@ -106,7 +107,7 @@ class ReplicaSetClient(OpenAIEngineClient):
                 raise PreflightError(f"engine.metrics_urls: the KV pool size of {', '.join(unknown)} is unknown (no "
                                      "vllm:cache_config_info or sglang:max_total_num_tokens in /metrics): give "
                                      "engine.pool_tokens (the replicas' total) in the spec")
-        info = await super().preflight(needed_context_tokens, pool_tokens)
+        info = await super().preflight(needed_context_tokens, pool_tokens, time_scale)
         info["replicas"] = [{"url": r.base, "pool_tokens": s.pool_tokens if s is not None else None}
                             for r, s in zip(self.replicas, self.replica_scrapes)]
         return info

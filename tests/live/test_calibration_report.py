@@ -81,3 +81,34 @@ def test_check_charges_each_row_the_request_overhead_this_calibration_measured()
     assert check_rows(TRUTH, rows, 0.010, tolerance=0.1).passed
     failed = check_rows(TRUTH, rows, 0.0, tolerance=0.1)
     assert not failed.passed and failed.classes["cold"]["worst"] == "cold 16"
+
+
+def _timed(scale_first: float = 1.0, first_spread: float = 0.0) -> list:
+    """FULL's rows timed by TRUTH, the first one ``scale_first`` times slower with its repeats
+    spread +-``first_spread``."""
+    rows = []
+    for i, (kind, m) in enumerate(FULL):
+        seconds = TRUTH.predict(m)
+        spread = 0.0
+        if i == 0:
+            seconds, spread = seconds * scale_first, first_spread
+        rows.append(CalibrationRow(m.__class__(**{**m.__dict__, "seconds": seconds}), kind,
+                                   [seconds * (1 - spread), seconds, seconds * (1 + spread)]))
+    return rows
+
+
+def test_a_noisy_row_makes_the_check_inconclusive_never_passed():
+    """A row 20% off with repeats spread +-10% used to pass (its bound widened to 3x the spread)."""
+    from loadgen.live.calibration_stats import check_rows
+
+    check = check_rows(TRUTH, _timed(scale_first=1.2, first_spread=0.1), 0.0, tolerance=0.1)
+    assert not check.passed and check.failures == [] and len(check.inconclusive) == 1
+    assert "within 3x its repeats' spread" in check.inconclusive[0] and "too noisy to tell" in check.table()
+    # beyond 3x the spread it is off, as before
+    assert check_rows(TRUTH, _timed(scale_first=1.2, first_spread=0.05), 0.0, tolerance=0.1).failures
+
+
+def test_a_failed_calibration_on_a_busy_machine_says_what_to_change(tmp_path, capsys):
+    busy = _result(NO_DECODE, 0.01, late_s=0.01)
+    assert finish_calibration(busy, PLAN, tmp_path / "c.json", None, tolerance=0.1, time_scale=20.0) == 1
+    assert "what to change: at --time-scale 20" in capsys.readouterr().err
