@@ -171,6 +171,10 @@ def load_config(path: Optional[str], overrides: dict[str, Any]) -> GatewayConfig
         if loaded is not None and not isinstance(loaded, dict):
             raise SpecError(f"{path}: expected a mapping at the top level, got {type(loaded).__name__}")
         data = dict(loaded or {})
+    for name in ("controller_options", "router_options"):
+        if name in data and not isinstance(data[name], dict):
+            given = "nothing" if data[name] is None else f"{type(data[name]).__name__} {data[name]!r}"
+            raise SpecError(f"{source}: {name}: expected a mapping of KEY: VALUE (or leave the key out), got {given}")
     merged = {name: {**data.get(name, {}), **(overrides.pop(name, None) or {})}
               for name in ("controller_options", "router_options")}
     data.update({k: v for k, v in overrides.items() if v is not None})
@@ -195,5 +199,9 @@ def from_map(path: str) -> dict[str, Any]:
     if not rec:
         raise SpecError(f"--from-map: {file} has no recommendation (the map ran no budgeter: "
                         "loadgen map --controllers ...,budgeter)")
+    missing = [k for k in ("controller", "admit_fraction", "park_fraction") if not isinstance(rec, dict) or k not in rec]
+    if missing:
+        raise SpecError(f"--from-map: {file}: the recommendation lacks {', '.join(missing)} (a map.json written by "
+                        "an older loadgen map, or edited): run `loadgen map` again")
     return {"controller": rec["controller"], "controller_options": {"admit_fraction": rec["admit_fraction"],
                                                                     "park_fraction": rec["park_fraction"]}}

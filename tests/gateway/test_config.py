@@ -61,3 +61,18 @@ def test_a_session_keeps_its_upstream_and_sessions_spread_over_upstreams():
     assert all(abs(picks.count(i) - 500) < 100 for i in range(4))
     # rendezvous hashing: removing upstream 3 moves only its sessions
     assert all(sticky_hash(k, 3) == p for k, p in zip(keys, picks) if p != 3)
+
+
+@pytest.mark.parametrize("text", ["controller_options:\n", "controller_options: 0.7\n", "router_options: [a]\n"])
+def test_an_empty_or_non_mapping_options_key_names_the_field(tmp_path, text):
+    path = tmp_path / "g.yaml"
+    path.write_text("upstreams: [http://127.0.0.1:8000]\n" + text)
+    field = text.split(":")[0]
+    with pytest.raises(SpecError, match=f"{field}: expected a mapping of KEY: VALUE"):
+        load_config(str(path), {})
+
+
+def test_a_recommendation_without_its_fractions_names_what_it_lacks(tmp_path):
+    (tmp_path / "map.json").write_text(json.dumps({"recommendation": {"controller": "budgeter", "park_fraction": 0.9}}))
+    with pytest.raises(SpecError, match="the recommendation lacks admit_fraction"):
+        from_map(str(tmp_path))
