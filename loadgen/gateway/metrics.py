@@ -63,7 +63,19 @@ class GatewayMetrics:
         self.engine.labels(url, "kv_usage").set(kv_usage)
 
     def text(self) -> bytes:
-        return generate_latest(self.registry)
+        """The exposition without prometheus_client's ``*_created`` series (a timestamp per counter
+        that no dashboard of this gateway reads, and twice the lines)."""
+        return b"\n".join(line for line in generate_latest(self.registry).split(b"\n")
+                          if not _metric_name(line).endswith(b"_created"))
+
+
+def _metric_name(line: bytes) -> bytes:
+    """The metric a line of the text exposition is about: ``# HELP NAME ...``, ``# TYPE NAME ...``
+    or ``NAME{labels} value``."""
+    if line.startswith(b"#"):
+        parts = line.split(b" ", 3)
+        return parts[2] if len(parts) > 2 else b""
+    return line.split(b"{", 1)[0].split(b" ", 1)[0]
 
 
 def status(proxy) -> dict:

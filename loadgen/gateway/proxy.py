@@ -222,18 +222,20 @@ class GatewayProxy:
         self.num_open += 1
         try:
             path = req.path
+            # the gateway's own introspection: for its operators' scrapers, readable while it drains
+            # and without the clients' API key (it carries no model output)
             if path == "/health":
                 conn.respond(503 if self.draining else 200,
                              b'{"status":"draining"}' if self.draining else b'{"status":"ok"}')
+            elif path == "/metrics":
+                conn.respond(200, self.metrics.text(), "text/plain; version=0.0.4; charset=utf-8")
+            elif path == "/status":
+                conn.respond(200, orjson.dumps(status(self), option=orjson.OPT_SERIALIZE_NUMPY))
             elif self.client_keys is not None and not self._authorized(req):
                 conn.respond(401, error_body(401, "missing or wrong API key (Authorization: Bearer KEY)"))
             elif self.draining:
                 conn._keep_alive = False
                 conn.respond(503, error_body(503, "the gateway is shutting down"))
-            elif path == "/metrics":
-                conn.respond(200, self.metrics.text(), "text/plain; version=0.0.4; charset=utf-8")
-            elif path == "/status":
-                conn.respond(200, orjson.dumps(status(self), option=orjson.OPT_SERIALIZE_NUMPY))
             elif req.method == "POST" and path in TURN_PATHS:
                 await self._turn(req, conn)
             else:

@@ -132,6 +132,7 @@ def test_a_session_over_the_budget_is_held_in_the_gateway_until_admitted():
                 text = (await resp.read()).decode()
             assert 'loadgen_gateway_parks_total{queue="waiting"} 1.0' in text
             assert "loadgen_gateway_controller_limit 750.0" in text
+            assert "_created" not in text  # prometheus_client's timestamp series, left out
         await up.stop()
 
     run(main())
@@ -182,6 +183,14 @@ def test_client_keys_are_checked_and_never_sent_upstream_where_the_upstream_key_
             assert up.requests[0][2]["Authorization"] == "Bearer UP"
             async with http.get(url + "/health") as resp:  # a probe needs no key
                 assert resp.status == 200
+            # the gateway's own metrics and status need no client key, and stay readable while it drains
+            for draining in (False, True):
+                gw.draining = draining
+                for path in ("/metrics", "/status"):
+                    async with http.get(url + path) as resp:
+                        assert resp.status == 200, (path, draining)
+            assert (await post(http, url, completion(3), "a", {"Authorization": "Bearer k2"}))[0] == 503
+            gw.draining = False
         await up.stop()
 
     run(main())
