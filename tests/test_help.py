@@ -57,3 +57,16 @@ def test_serve_sim_help_explains_host_and_port():
     assert "listen" in host and "127.0.0.1" in host
     port = text[text.index("--port PORT"):text.index("--time-scale")]
     assert "TCP port" in port and "8000" in port
+
+
+def test_gateway_help_lists_the_controllers_and_what_each_session_header_does():
+    from controllers.registry import POLICIES
+    from loadgen.gateway.config import SESSION_FINAL_HEADER, SESSION_HEADERS
+
+    text = dict((p, sub) for p, sub, _ in subcommands(build_parser()))["gateway"].format_help()
+    options = text[text.index("options:"):]
+    controller = " ".join(options[options.index("--controller NAME"):options.index("--controller-option")].split())
+    assert all(name in controller for name in POLICIES)
+    headers = text[text.index("session headers"):text.index("example:")]
+    assert all(name in headers for name in SESSION_HEADERS) and f"{SESSION_FINAL_HEADER}: true" in headers
+    assert "frees its" in headers and text.rstrip().endswith("--listen 127.0.0.1:9000")

@@ -6,13 +6,23 @@ import argparse
 
 
 def add_gateway_parser(sub) -> None:
-    from ..gateway.config import SESSION_HEADERS
+    from controllers.registry import POLICIES
+
+    from ..gateway.config import SESSION_FINAL_HEADER, SESSION_HEADERS
     from ..gateway.upstream_choice import DEFAULT_ROUTER, ROUTER_NAMES
 
-    gw = sub.add_parser("gateway", help="the gateway controllers as an OpenAI-compatible proxy in front of engines "
-                                        "(docs/gateway.md)")
+    gw = sub.add_parser(
+        "gateway", help="the gateway controllers as an OpenAI-compatible proxy in front of engines (docs/gateway.md)",
+        epilog=f"session headers (a request's session, the first present of --session-header):\n"
+               f"  {', '.join(SESSION_HEADERS)}\n"
+               f"      name the session; without one the gateway fingerprints the prompt's first tokens (a session's\n"
+               f"      later turns start with them), so a session keeps its upstream and its demand is counted once\n"
+               f"  {SESSION_FINAL_HEADER}: true\n"
+               f"      this is the session's last request: when it is answered the session ends and frees its\n"
+               f"      demand at once (else after --idle-timeout-s)")
     gw.add_argument("--upstream", action="append", metavar="URL", help="an engine's base URL (repeatable)")
-    gw.add_argument("--controller", help="the gateway limit (default none)")
+    gw.add_argument("--controller", metavar="NAME",
+                    help=f"the gateway limit: {', '.join(POLICIES)} (default none; docs/experiments.md#gateway-controllers)")
     gw.add_argument("--controller-option", action="append", default=[], metavar="K=V",
                     help="a constant of the limit, e.g. admit_fraction=0.7 (repeatable)")
     gw.add_argument("--control-start-s", type=float, help="switch the limit on this long after start")

@@ -59,6 +59,6 @@ def apply_help(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     for path, sub, line in subcommands(parser):
         if not sub.description and line:
             sub.description = textwrap.fill(line[0].upper() + line[1:] + ".", 88)
-        sub.epilog = f"example:\n  {EXAMPLES[path]}"
+        sub.epilog = (f"{sub.epilog}\n\n" if sub.epilog else "") + f"example:\n  {EXAMPLES[path]}"
         sub.formatter_class = HelpFormatter
     return parser
