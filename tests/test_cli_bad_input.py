@@ -46,6 +46,8 @@ def _refused(proc, *expected):
     (["--endpoint", "http://127.0.0.1:99999"], "--endpoint: 'http://127.0.0.1:99999': the port is not a number"),
     (["--time-scale", "20"], "--time-scale applies to live runs only (with --endpoint URL, or a spec whose engine "
                              "is kind openai)"),
+    (["--pool-tokens", "131072"], "--pool-tokens applies to live runs only"),
+    (["--pool-tokens", "0", "--endpoint", "http://127.0.0.1:8000"], "--pool-tokens must be a number of tokens > 0"),
     (["--cost-model", "nosuch-preset"], "--cost-model: cost model file nosuch-preset: cannot read JSON"),
     (["--cost-model", "vllm-cpu-tiny-qwen3", "--endpoint", "http://127.0.0.1:8000"],
      "--cost-model applies to simulated runs; --endpoint runs engine kind 'openai'"),

@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--endpoint", help="run against this OpenAI-compatible server instead of the spec's engine")
     run.add_argument("--model", help="served model name (with --endpoint; default: the first one served)")
     run.add_argument("--time-scale", type=float, help="compress every workload time X-fold (live runs only)")
+    run.add_argument("--pool-tokens", type=int, metavar="N",
+                     help="live runs: the endpoint's KV pool in tokens, where its /metrics does not say it (a "
+                          "gateway, a server without vllm:cache_config_info); it overrides what the endpoint says")
     run.add_argument("--api", choices=("completions", "chat"),
                      help="the endpoint's API for a live run (default: the spec's engine.api, else completions)")
     run.add_argument("--via-gateway", action="store_true",

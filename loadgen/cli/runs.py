@@ -45,6 +45,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         spec = spec.model_copy(update={"engine": engine})
     elif args.model:
         raise SpecError("--model needs --endpoint")
+    if args.pool_tokens is not None:
+        if spec.engine.kind != "openai":
+            raise SpecError(f"--pool-tokens applies to live runs only (with --endpoint URL, or a spec whose engine is "
+                            f"kind openai); {args.spec} simulates, and its pool is engine.pool_tokens in the spec")
+        if args.pool_tokens <= 0:
+            raise SpecError(f"--pool-tokens must be a number of tokens > 0, got {args.pool_tokens}")
+        spec = spec.model_copy(update={"engine": spec.engine.model_copy(update={"pool_tokens": args.pool_tokens})})
     if args.api is not None:  # chat or completions for a live run (docs/chat.md)
         if spec.engine.kind != "openai":
             raise SpecError(f"--api applies to live runs only (with --endpoint URL, or a spec whose engine is kind "

@@ -8,6 +8,7 @@ counters and histograms are counted as requests go.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -67,6 +68,49 @@ class GatewayMetrics:
         that no dashboard of this gateway reads, and twice the lines)."""
         return b"\n".join(line for line in generate_latest(self.registry).split(b"\n")
                           if not _metric_name(line).endswith(b"_created"))
+
+
+def engine_exposition(proxy) -> bytes:
+    """What an engine's /metrics says, for the upstreams together, in their flavour's names, so a
+    client that reads an engine (loadgen's preflight and samples, a dashboard) reads the gateway as
+    one engine: the KV pool the gate computes with (vLLM's ``cache_config_info``, SGLang's
+    ``max_total_num_tokens``), requests running and waiting, KV usage (their mean) and the
+    prefix-cache and preemption counters, summed, as of each upstream's last scrape (every
+    ``scrape_interval_s``). Nothing before the first scrape."""
+    from ..live.server_metrics import SGLANG_METRICS, VLLM_METRICS
+
+    scraped = [s for s in (proxy.engine_signals.get(url) for url in proxy.config.upstreams) if s and "server" in s]
+    if not scraped:
+        return b""
+    flavors = {s["server"] for s in scraped}
+    sglang = flavors == {"sglang"}
+    names = SGLANG_METRICS if sglang else VLLM_METRICS
+    pool = int(proxy.gate.pool_tokens)
+    lines = []
+    if sglang:
+        lines += ["# TYPE sglang:max_total_num_tokens gauge", f"sglang:max_total_num_tokens {pool}"]
+    else:
+        blocks = {s.get("block_size") for s in scraped} - {None}
+        if len(blocks) == 1:  # one block size over the upstreams: the pool in its blocks
+            block = blocks.pop()
+            lines += ["# TYPE vllm:cache_config_info gauge",
+                      f'vllm:cache_config_info{{block_size="{block}",enable_prefix_caching="True",'
+                      f'num_gpu_blocks="{pool // block}"}} 1.0']
+
+    def total(key: str) -> Optional[int]:
+        values = [s.get(key) for s in scraped]
+        return None if any(v is None or v < 0 for v in values) else sum(values)
+
+    for key, kind in (("num_running", "gauge"), ("num_waiting", "gauge"), ("prefix_cache_queries_total", "counter"),
+                      ("prefix_cache_hits_total", "counter"), ("num_preemptions_total", "counter")):
+        value = total(key)
+        if value is not None:
+            name = names[key] + ("_total" if kind == "counter" else "")
+            lines += [f"# TYPE {names[key]} {kind}", f"{name} {value}"]
+    usage = [s["kv_usage"] for s in scraped if s.get("kv_usage") is not None]
+    if usage:
+        lines += [f"# TYPE {names['kv_usage']} gauge", f"{names['kv_usage']} {sum(usage) / len(usage)}"]
+    return ("\n".join(lines) + "\n").encode()
 
 
 def _metric_name(line: bytes) -> bytes:

@@ -32,7 +32,7 @@ from ..core.clock import WallClock
 from ..core.gateway import Gateway
 from .config import SESSION_FINAL_HEADER, GatewayConfig
 from .http_server import ClientConnection, Request, error_body
-from .metrics import GatewayMetrics, status
+from .metrics import GatewayMetrics, engine_exposition, status
 from .sessions import DemandEstimator, GatewaySession, SessionIdentifier
 from .upstream import UpstreamPool
 from .upstream_choice import UpstreamRouting, make_upstream_router, sticky_hash
@@ -40,6 +40,8 @@ from .upstream_choice import UpstreamRouting, make_upstream_router, sticky_hash
 log = logging.getLogger("loadgen.gateway")
 
 TURN_PATHS = ("/v1/chat/completions", "/v1/completions")
+# the prefix-cache resets of vLLM and SGLang: done on every upstream, as a client means the whole cache
+CACHE_RESET_PATHS = ("/reset_prefix_cache", "/flush_cache")
 # not forwarded: per connection (RFC 9110 7.6.1), or replaced by the gateway
 DROPPED_REQUEST_HEADERS = frozenset(("connection", "keep-alive", "proxy-connection", "transfer-encoding", "te",
                                      "trailer", "upgrade", "host", "content-length", "authorization",
@@ -228,7 +230,8 @@ class GatewayProxy:
                 conn.respond(503 if self.draining else 200,
                              b'{"status":"draining"}' if self.draining else b'{"status":"ok"}')
             elif path == "/metrics":
-                conn.respond(200, self.metrics.text(), "text/plain; version=0.0.4; charset=utf-8")
+                conn.respond(200, self.metrics.text() + engine_exposition(self),
+                             "text/plain; version=0.0.4; charset=utf-8")
             elif path == "/status":
                 conn.respond(200, orjson.dumps(status(self), option=orjson.OPT_SERIALIZE_NUMPY))
             elif self.client_keys is not None and not self._authorized(req):
@@ -238,6 +241,8 @@ class GatewayProxy:
                 conn.respond(503, error_body(503, "the gateway is shutting down"))
             elif req.method == "POST" and path in TURN_PATHS:
                 await self._turn(req, conn)
+            elif req.method == "POST" and path in CACHE_RESET_PATHS:
+                await self._reset_every_upstream(req, conn)
             else:
                 key = self.identify.from_headers(req.headers)
                 index = sticky_hash(key, len(self.config.upstreams)) if key else 0
@@ -389,6 +394,33 @@ class GatewayProxy:
             conn.respond(502, error_body(502, f"upstream {url}: {failure}"))
         return failure, relay
 
+    async def _reset_every_upstream(self, req: Request, conn: ClientConnection) -> None:
+        """A prefix-cache reset sent on to every upstream at once; 200 when every one did it, else
+        the first failing upstream's status (502 when one could not be reached), the body saying
+        how many of how many did it."""
+        from ..live.raw_http import RawHttpTransport
+
+        headers = {n: v for n, v in req.header_list if n.lower() not in DROPPED_REQUEST_HEADERS}
+        headers.update(dict(self.upstream_headers))
+        transport = RawHttpTransport()
+
+        async def one(url: str) -> tuple[int, str]:
+            try:
+                code, data = await transport.request(req.method, url + req.target, req.body or None, headers,
+                                                     self.config.request_timeout_s)
+                return code, data.decode(errors="replace")[:200]
+            except Exception as exc:  # an upstream down is its answer here, not the gateway's failure
+                return 502, f"{type(exc).__name__}: {exc}"[:200]
+
+        try:
+            answers = await asyncio.gather(*(one(url) for url in self.config.upstreams))
+        finally:
+            await transport.close()
+        failed = [{"upstream": url, "status": code, "body": text}
+                  for url, (code, text) in zip(self.config.upstreams, answers) if code >= 300]
+        body = {"upstreams": len(answers), "done": len(answers) - len(failed), "failed": failed}
+        conn.respond(failed[0]["status"] if failed else 200, orjson.dumps(body))
+
     def _end_session(self, session: GatewaySession, how: str) -> None:
         if session.ended:
             return
@@ -423,13 +455,18 @@ class GatewayProxy:
                         code, data = await transport.request("GET", url + "/metrics", None, {}, 10.0)
                         if code >= 400:
                             raise ValueError(f"HTTP {code}")
-                        m = parse_metrics(data.decode(errors="replace")).metrics
+                        scraped = parse_metrics(data.decode(errors="replace"))
                     except Exception as exc:  # an upstream that cannot be scraped is a signal, not a failure
                         signals.update(error=f"{type(exc).__name__}: {exc}"[:200])
                         continue
+                    m = scraped.metrics
                     kv = None if math.isnan(m.kv_usage) else m.kv_usage
                     signals.update(num_running=m.num_running, num_waiting=m.num_waiting, kv_usage=kv,
-                                   scraped_s=self.clock.now(), error=None)
+                                   scraped_s=self.clock.now(), error=None, server=scraped.server,
+                                   block_size=scraped.block_size, pool_tokens=scraped.pool_tokens,
+                                   prefix_cache_queries_total=m.prefix_cache_queries_total,
+                                   prefix_cache_hits_total=m.prefix_cache_hits_total,
+                                   num_preemptions_total=m.num_preemptions_total)
                     self.metrics.engine_scraped(url, m.num_running, m.num_waiting, m.kv_usage)
                 await asyncio.sleep(self.config.scrape_interval_s)
         finally:

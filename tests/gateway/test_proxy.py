@@ -235,3 +235,32 @@ def test_one_debug_line_per_decision_and_no_prompt_or_key_in_the_log(caplog):
     assert len(decisions) == 3 and "event=arrive" in decisions[0] and "event=turn" in decisions[1]
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "confidential" not in text and "sekrit" not in text and "UPKEY" not in text
+
+
+def test_the_gateway_reads_as_one_engine_in_its_metrics_and_resets_every_upstreams_cache():
+    from loadgen.live.server_metrics import parse_metrics
+
+    async def main():
+        ups = [await Upstream(gauges=(3, 1, 0.25)).start(), await Upstream(gauges=(2, 0, 0.75)).start()]
+        async with running_gateway([u.url for u in ups], pool_tokens=32_000, scrape_interval_s=0.05) as gw, \
+                aiohttp.ClientSession() as http:
+            url = gateway_url(gw)
+            await wait_until(lambda: all("server" in gw.engine_signals.get(u.url, {}) for u in ups))
+            async with http.get(url + "/metrics") as resp:
+                scraped = parse_metrics((await resp.read()).decode())
+            # the pool the gate computes with, in the upstreams' 16-token blocks; their gauges summed
+            assert (scraped.server, scraped.pool_tokens, scraped.block_size) == ("vllm", 32_000, 16)
+            m = scraped.metrics
+            assert (m.num_running, m.num_waiting, m.kv_usage) == (5, 1, 0.5)
+            status, _, body = await post(http, url, b"", path="/reset_prefix_cache?reset_running_requests=true")
+            assert status == 200 and orjson.loads(body) == {"upstreams": 2, "done": 2, "failed": []}
+            for up in ups:  # each upstream got the reset, its query string included
+                assert up.requests[-1][:2] == ("POST", "/reset_prefix_cache?reset_running_requests=true")
+            await ups[1].stop()
+            status, _, body = await post(http, url, b"", path="/flush_cache")
+            answer = orjson.loads(body)
+            assert status == 502 and (answer["upstreams"], answer["done"]) == (2, 1)
+            assert answer["failed"][0]["upstream"] == ups[1].url
+        await ups[0].stop()
+
+    run(main())
