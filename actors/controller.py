@@ -146,7 +146,8 @@ class ControllerActor:
     async def preflight(self, pool_tokens: int, flush_before_run: bool) -> dict:
         """The live path's preflight against the run's engine; then a fresh prefix cache."""
         self.client = make_client(WallClock(), self.endpoint, self.replica_urls)
-        result = await self.client.preflight(max_context_tokens(self.spec), pool_tokens)
+        # its clock is unscaled until the run starts: serve-sim's scale is checked against the run's
+        result = await self.client.preflight(max_context_tokens(self.spec), pool_tokens, time_scale=self.spec.time_scale)
         if flush_before_run:
             await live_flush_before_run(self.client)  # a failed reset fails the run, naming the flag
         result["flushed_before_run"] = flush_before_run
