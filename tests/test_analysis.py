@@ -539,3 +539,12 @@ def test_no_recovery_table_without_control(tmp_path: Path) -> None:
     run = summary["runs"][0]  # written without sessions.parquet: cohort measures are undefined
     assert run["cohort_sessions_after_control"] == 0 and run["cohort_done_after_control"] is None
     assert run["gateway_wait_p90_first_turn_s"] is None and run["recovered"] is True
+
+
+def test_the_degraded_stretch_a_run_ends_in_starts_after_its_last_healthy_window(tmp_path: Path) -> None:
+    from loadgen.analysis.windows import degraded_stretch_start_s
+
+    # windows after te = 1200: [1200, 1500) degraded, [1500, 1800) healthy, then degraded to the end
+    assert degraded_stretch_start_s(_turns_table(RELAPSED, tmp_path), 1200.0, 2700.0) == 1800.0
+    assert degraded_stretch_start_s(_turns_table(COLLAPSED, tmp_path), 1200.0, 2700.0) == 1500.0
+    assert degraded_stretch_start_s(_turns_table(RECOVERED, tmp_path), 1200.0, 2700.0) is None

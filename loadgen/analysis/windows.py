@@ -174,6 +174,24 @@ def persistently_degraded(
     return degraded_to_the_end(degraded_windows(turns, reference_trigger_end_s, duration_s, threshold, window_s, busy_s))
 
 
+def degraded_stretch_start_s(
+    turns: pa.Table,
+    reference_trigger_end_s: Optional[float],
+    duration_s: float,
+    busy_s: Optional[np.ndarray] = None,
+) -> Optional[float]:
+    """When the degraded stretch a persistently degraded run ends in began: the start of its first
+    window (idle windows inside it are not judged and do not break it); None when the run does not
+    end degraded."""
+    states = window_states(turns, reference_trigger_end_s, duration_s, busy_s=busy_s)
+    judged = np.flatnonzero(~np.isnan(states))
+    if not len(judged) or states[judged[-1]] != 1.0:
+        return None
+    healthy = judged[states[judged] == 0.0]
+    first = judged[0] if not len(healthy) else judged[judged > healthy[-1]][0]
+    return (0.0 if reference_trigger_end_s is None else float(reference_trigger_end_s)) + first * DEGRADED_WINDOW_S
+
+
 def degraded_to_the_end(degraded: np.ndarray) -> bool:
     """Of ``degraded_windows``: the last judged window is degraded (``persistently_degraded``)."""
     return bool(len(degraded) and degraded[-1])

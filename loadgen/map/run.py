@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from ..analysis.outcomes import run_outcome
 from ..analysis.runs import RunData, float_column, success_mask
-from ..analysis.windows import DEGRADED_HIT_RATIO, DEGRADED_WINDOW_S, EPS_S, window_series
+from ..analysis.windows import busy_sample_times, degraded_stretch_start_s
 from ..core.recording import RunRecorder
 from ..core.runner import RunKey, run_info, simulate
 from .analysis import cell_table
@@ -46,22 +46,6 @@ OUTCOME_SCHEMA = pa.schema([
 ])
 
 Executor = Callable[[MapJob, Sequence[MapPoint]], Iterator[dict]]
-
-
-def collapse_time_s(turns: pa.Table, reference_trigger_end_s: Optional[float], duration_s: float) -> Optional[float]:
-    """When a persistently degraded run collapsed: the start of its first degraded window, in the
-    windows ``persistently_degraded`` judges (5 minutes, aligned to the reference trigger end);
-    None when the run is not persistently degraded."""
-    start_s = 0.0 if reference_trigger_end_s is None else float(reference_trigger_end_s)
-    num_windows = int(math.floor((duration_s - start_s) / DEGRADED_WINDOW_S + EPS_S)) if duration_s > start_s else 0
-    if num_windows == 0:
-        return None
-    series = window_series(turns, start_s, start_s + num_windows * DEGRADED_WINDOW_S, DEGRADED_WINDOW_S)
-    degraded = ~(series.hit_ratio >= DEGRADED_HIT_RATIO)
-    if not degraded.any():
-        return None
-    first = int(np.argmax(degraded))
-    return float(series.window_starts_s[first]) if degraded[first:].all() else None
 
 
 def _latency_quantiles(turns: pa.Table, after_s: float) -> tuple[float, float]:
@@ -100,7 +84,8 @@ def run_point(job: MapJob, point: MapPoint) -> dict:
     return {
         **row, "status": "completed", "error": None,
         "persistently_degraded": bool(outcome["persistently_degraded"]),
-        "collapse_s": collapse_time_s(run.turns, reference_end_s, point.duration_s),
+        "collapse_s": degraded_stretch_start_s(run.turns, reference_end_s, point.duration_s, busy_sample_times(
+            run.samples, ("sessions_in_system", "-sessions_thinking"))),
         "hit_ratio_last10min": outcome["hit_ratio_last10min"],
         "sessions_in_system_last5min": outcome["sessions_in_system_last5min"],
         "turns_completed": counts["turns_completed"], "sessions_arrived": counts["sessions_arrived"],
