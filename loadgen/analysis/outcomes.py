@@ -17,8 +17,8 @@ from .sessions import task_outcome
 from .slo import slo_outcome
 from .tokenization import tokenization_outcome
 from .runs import RunData, float_column, json_float, success_mask
-from .windows import (LAST_HIT_WINDOW_S, LAST_SESSIONS_WINDOW_S, busy_sample_times, degraded_only_in_final_window,
-                      degraded_to_the_end, degraded_windows, ends_degraded, hit_ratio_between, num_turns_between)
+from .windows import (LAST_HIT_WINDOW_S, LAST_SESSIONS_WINDOW_S, degraded_only_in_final_window, degraded_to_the_end,
+                      degraded_windows, ends_degraded, hit_ratio_between, num_turns_between, run_busy_times)
 
 
 def _mean_sessions_between(samples: pa.Table, start_s: float, end_s: float) -> float:
@@ -59,8 +59,8 @@ def run_outcome(run: RunData) -> dict:
     num_last_turns = num_turns_between(run.turns, last_hit_start_s, duration_s)
     hit_last10min = hit_ratio_between(run.turns, last_hit_start_s, duration_s)
     # a window with no finished turn is stalled (degraded) when some session was not thinking
-    busy_s = busy_sample_times(run.samples, ("sessions_in_system", "-sessions_thinking"))
-    degraded = degraded_windows(run.turns, info.get("reference_trigger_end_s"), duration_s, busy_s=busy_s)
+    degraded = degraded_windows(run.turns, info.get("reference_trigger_end_s"), duration_s,
+                                busy_s=run_busy_times(run.samples))
 
     return {
         "run_id": str(info["run_id"]),

@@ -79,9 +79,8 @@ def paired_comparisons(run_outcomes: Sequence[Mapping[str, Any]], baseline_arm: 
     Seeds present in only one arm of a comparison are skipped. Returns the `pairs` object of
     summary.json; each comparison names its ``baseline_arm``.
     """
-    twins = dict(twins or {})
     by_arm = _runs_by_arm_and_seed(run_outcomes)
-    twins = {arm: twin for arm, twin in twins.items() if arm in by_arm and twin in by_arm}
+    twins = {arm: twin for arm, twin in (twins or {}).items() if arm in by_arm and twin in by_arm}
     comparisons = []
     for arm, treated in by_arm.items():
         if arm == baseline_arm or arm in twins.values():
@@ -89,5 +88,5 @@ def paired_comparisons(run_outcomes: Sequence[Mapping[str, Any]], baseline_arm: 
         base = twins.get(arm, baseline_arm)
         if base not in by_arm:  # its baseline did not run (--arms left it out): no pairs to show
             continue
-        comparisons.append({**_comparison(arm, by_arm.get(base, {}), treated), "baseline_arm": base})
+        comparisons.append({**_comparison(arm, by_arm[base], treated), "baseline_arm": base})
     return {"baseline_arm": baseline_arm, "comparisons": comparisons}

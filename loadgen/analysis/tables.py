@@ -71,6 +71,16 @@ def _replicas_degraded(run: Mapping[str, Any]) -> Optional[tuple[int, int]]:
     return (sum(bool(r.get("persistently_degraded")) for r in replicas["per_replica"]), replicas["num_replicas"])
 
 
+def _replica_totals(comparison: Mapping[str, Any]) -> Optional[dict[str, tuple[int, int]]]:
+    """Per side ("arm", "baseline") of a comparison: (replica-runs persistently degraded,
+    replica-runs) over its paired seeds; None unless every run of both sides is on a deployment."""
+    per_seed = comparison.get("per_seed", [])
+    counts = {side: [_replicas_degraded(e[side]) for e in per_seed] for side in ("arm", "baseline")}
+    if not per_seed or any(c is None for side in counts.values() for c in side):
+        return None
+    return {side: (sum(c[0] for c in cs), sum(c[1] for c in cs)) for side, cs in counts.items()}
+
+
 def _fmt_degraded(cell: Mapping[str, Any]) -> str:
     if not cell["persistently_degraded"]:
         replicas = cell.get("replicas_degraded")
@@ -114,11 +124,10 @@ def _fmt_comparison(comparison: Mapping[str, Any], baseline_arm: str) -> str:
                  f"{final_only['baseline']} ({baseline_arm})")
     ends = {side: _count_per_seed(comparison, side, "ends_degraded") for side in ("arm", "baseline")}
     line += f"; ends degraded {ends['arm']}/{n_pairs} ({arm}) vs {ends['baseline']}/{n_pairs} ({baseline_arm})"
-    replicas = {side: [_replicas_degraded(e[side]) for e in comparison.get("per_seed", [])] for side in ("arm", "baseline")}
-    if all(r is not None for side in replicas.values() for r in side) and replicas["arm"]:
+    replicas = _replica_totals(comparison)
+    if replicas is not None:
         line += "; replicas persistently degraded " + " vs ".join(
-            f"{sum(r[0] for r in replicas[side])}/{sum(r[1] for r in replicas[side])} ({name})"
-            for side, name in (("arm", arm), ("baseline", baseline_arm)))
+            f"{replicas[side][0]}/{replicas[side][1]} ({name})" for side, name in (("arm", arm), ("baseline", baseline_arm)))
     return line
 
 def router_verdict_lines(pairs: Mapping[str, Any]) -> list[str]:
@@ -127,25 +136,23 @@ def router_verdict_lines(pairs: Mapping[str, Any]) -> list[str]:
     no replica persistently degraded, and then the 95% upper bound on P(degraded) its runs allow."""
     from ..map.analysis import SAFE_P, wilson_interval
 
-    def verdict(arm: str, entries: list[dict], reps: list[tuple[int, int]]) -> str:
-        runs = sum(bool(e.get("persistently_degraded")) for e in entries)
-        bad, total = sum(r[0] for r in reps), sum(r[1] for r in reps)
+    def verdict(arm: str, runs: int, n: int, replicas: tuple[int, int]) -> str:
+        bad, total = replicas
         if runs or bad:
-            return f"{arm} not safe ({runs}/{len(entries)} runs, {bad}/{total} replica-runs persistently degraded)"
-        upper = wilson_interval(0, len(entries))[1]
-        return (f"{arm} safe in {len(entries)} runs (no run or replica degraded: P(degraded) <= {upper:.0%}, 95% upper "
+            return f"{arm} not safe ({runs}/{n} runs, {bad}/{total} replica-runs persistently degraded)"
+        upper = wilson_interval(0, n)[1]
+        return (f"{arm} safe in {n} runs (no run or replica degraded: P(degraded) <= {upper:.0%}, 95% upper "
                 f"bound{'' if upper < SAFE_P else '; more seeds to show < ' + format(SAFE_P, '.0%')})")
 
     rows = []
     for c in pairs.get("comparisons", []):
-        per_seed = c.get("per_seed", [])
-        sides = {side: ([e[side] for e in per_seed], [_replicas_degraded(e[side]) for e in per_seed])
-                 for side in ("arm", "baseline")}
-        if not per_seed or any(r is None for _, reps in sides.values() for r in reps):
+        replicas = _replica_totals(c)
+        if replicas is None:
             continue
-        router = (per_seed[0]["arm"].get("replicas") or {}).get("router") or "?"
-        rows.append(f"  {router}: " + "; ".join(verdict(name, *sides[side]) for side, name in
-                                               (("arm", c["arm"]), ("baseline", c.get("baseline_arm") or pairs.get("baseline_arm")))))
+        router = (c["per_seed"][0]["arm"].get("replicas") or {}).get("router") or "?"
+        baseline = c.get("baseline_arm") or pairs.get("baseline_arm")
+        rows.append(f"  {router}: {verdict(c['arm'], c['degraded_arm'], c['n_pairs'], replicas['arm'])}; "
+                    f"{verdict(baseline, c['degraded_baseline'], c['n_pairs'], replicas['baseline'])}")
     if not rows:
         return []
     return ["routers at this load (safe: no run and no replica persistently degraded, over the paired seeds):", *rows]

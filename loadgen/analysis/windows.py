@@ -204,17 +204,22 @@ def degraded_only_in_final_window(degraded: np.ndarray) -> bool:
     return bool(len(degraded) >= 2 and degraded[-1] and not degraded[-2])
 
 
-def busy_sample_times(samples: Optional[pa.Table], pending: tuple[str, ...]) -> Optional[np.ndarray]:
-    """The sample times at which requests were pending (the ``pending`` columns sum above 0,
-    ``-name`` subtracts one); None when the samples lack a column (an older run: idle and
-    stalled windows cannot be told apart, and both go unjudged)."""
-    names = [p.lstrip("-") for p in pending]
-    if samples is None or samples.num_rows == 0 or any(n not in samples.column_names for n in names):
+def busy_sample_times(samples: Optional[pa.Table], plus: tuple[str, ...],
+                      minus: tuple[str, ...] = ()) -> Optional[np.ndarray]:
+    """The sample times at which requests were pending: the ``plus`` columns less the ``minus``
+    ones above 0; None when the samples lack a column (an older run: idle and stalled windows
+    cannot be told apart, and both go unjudged)."""
+    if samples is None or samples.num_rows == 0 or any(n not in samples.column_names for n in plus + minus):
         return None
-    total = np.zeros(samples.num_rows)
-    for p, n in zip(pending, names):
-        total += (-1 if p.startswith("-") else 1) * np.nan_to_num(float_column(samples, n))
+    total = sum(np.nan_to_num(float_column(samples, n)) for n in plus) - sum(
+        np.nan_to_num(float_column(samples, n)) for n in minus)
     return float_column(samples, "t_s")[total > 0]
+
+
+def run_busy_times(samples: Optional[pa.Table]) -> Optional[np.ndarray]:
+    """A run's busy sample times (samples.parquet): some session in the system was not thinking
+    (waiting at the gateway, parked or in the engine)."""
+    return busy_sample_times(samples, ("sessions_in_system",), ("sessions_thinking",))
 
 
 def ends_degraded(hit_ratio_last10min: float, threshold: float = DEGRADED_HIT_RATIO) -> bool:

@@ -179,6 +179,11 @@ class CostCheck:
                 "median_ratio": self.median_ratio, "rows": self.rows}
 
 
+def _within_noise(miss: float, spread: float) -> bool:
+    """A miss of |measured / predicted - 1| that the row's repeats cannot tell from noise."""
+    return miss <= SPREAD_FACTOR * spread
+
+
 def check_rows(model: StepCostModel, rows: Sequence, request_overhead_s: float, tolerance: float,
                typical_context: Optional[int] = None, chunk_tokens: int = 8192) -> CostCheck:
     """Predict every row with ``model`` (request round trips charged what this calibration
@@ -197,7 +202,7 @@ def check_rows(model: StepCostModel, rows: Sequence, request_overhead_s: float, 
         passed = miss <= tolerance
         out.append({"label": m.label, "kind": r.kind, "measured_s": m.seconds, "predicted_s": predicted,
                     "ratio": ratio, "bound": tolerance, "spread": r.spread, "passed": passed,
-                    "noisy": not passed and miss <= SPREAD_FACTOR * r.spread})
+                    "noisy": not passed and _within_noise(miss, r.spread)})
     for kind in KINDS:
         members = [x for x in out if x["kind"] == kind]
         if not members:
@@ -226,7 +231,7 @@ def check_rows(model: StepCostModel, rows: Sequence, request_overhead_s: float, 
         cold_turn = {"context_tokens": context, "measured_s": r.measurement.seconds, "predicted_s": predicted,
                      "ratio": ratio, "bound": tolerance, "passed": abs(ratio - 1) <= tolerance}
         if not cold_turn["passed"]:
-            (inconclusive if abs(ratio - 1) <= SPREAD_FACTOR * r.spread else failures).append(
+            (inconclusive if _within_noise(abs(ratio - 1), r.spread) else failures).append(
                 f"the cold turn at {context} tokens runs {ratio:.2f}x the predicted time")
     median = statistics.median(x["ratio"] for x in out) if out else math.nan
     return CostCheck(model.name, out, classes, cold_turn, median, failures, inconclusive)

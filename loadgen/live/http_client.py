@@ -300,11 +300,20 @@ class OpenAIEngineClient:
         """The server's own timer lateness so far (serve-sim's ``/loadgen/lag``), or None when the
         server does not measure it (vLLM, SGLang) or cannot be asked: lag is a diagnosis, never a
         reason to fail a run."""
+        data = await self._lag_report()
         try:
-            data = await self._json("GET", LAG_PATH, timeout_s=10.0)
-            return LatenessHistogram.from_json(data["lateness"])
+            return LatenessHistogram.from_json(data["lateness"]) if data is not None else None
         except Exception:  # whatever a server (or a test double) answers to a path it does not serve
             return None
+
+    async def _lag_report(self) -> Optional[dict]:
+        """serve-sim's ``/loadgen/lag`` (its time scale and timer lateness), None from a server
+        that does not answer it with a JSON object."""
+        try:
+            data = await self._json("GET", LAG_PATH, timeout_s=10.0)
+        except Exception:  # whatever a server (or a test double) answers to a path it does not serve
+            return None
+        return data if isinstance(data, dict) else None
 
     async def flush_async(self) -> float:
         """Reset the server's prefix cache, preempting running requests; returns when it happened."""
@@ -439,10 +448,10 @@ class OpenAIEngineClient:
         against it is warned of (its steps read time_scale times longer in run time)."""
         if run_scale is None:
             run_scale = getattr(self.clock, "time_scale", 1.0)
+        data = await self._lag_report()
         try:
-            data = await self._json("GET", LAG_PATH, timeout_s=10.0)
-            server_scale = float(data["time_scale"])
-        except Exception:  # not serve-sim (or a test double): nothing said
+            server_scale = float(data["time_scale"]) if data is not None else None
+        except (KeyError, TypeError, ValueError):  # not serve-sim's answer: nothing said
             server_scale = None
         if server_scale is None:
             if run_scale == 1.0:

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from ..analysis.outcomes import run_outcome
 from ..analysis.runs import RunData, float_column, success_mask
-from ..analysis.windows import busy_sample_times, degraded_stretch_start_s
+from ..analysis.windows import degraded_stretch_start_s, run_busy_times
 from ..core.recording import RunRecorder
 from ..core.runner import RunKey, run_info, simulate
 from .analysis import cell_table
@@ -84,8 +84,8 @@ def run_point(job: MapJob, point: MapPoint) -> dict:
     return {
         **row, "status": "completed", "error": None,
         "persistently_degraded": bool(outcome["persistently_degraded"]),
-        "collapse_s": degraded_stretch_start_s(run.turns, reference_end_s, point.duration_s, busy_sample_times(
-            run.samples, ("sessions_in_system", "-sessions_thinking"))),
+        "collapse_s": degraded_stretch_start_s(run.turns, reference_end_s, point.duration_s,
+                                               run_busy_times(run.samples)),
         "hit_ratio_last10min": outcome["hit_ratio_last10min"],
         "sessions_in_system_last5min": outcome["sessions_in_system_last5min"],
         "turns_completed": counts["turns_completed"], "sessions_arrived": counts["sessions_arrived"],
