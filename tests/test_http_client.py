@@ -271,7 +271,7 @@ class ScriptedStream:
         self.clock = clock
         self.batches = batches  # [(at_s, [line, ...]), ...]
 
-    async def stream_lines(self, url, body, headers, timeout_s):
+    async def stream_lines(self, url, body, headers, timeout_s, response_headers=None):
         for at_s, lines in self.batches:
             await self.clock.sleep(at_s - self.clock.now())
             yield lines

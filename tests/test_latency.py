@@ -106,6 +106,10 @@ def test_runs_without_an_slo_have_null_goodput_and_old_fields_unchanged(tmp_path
     assert lines[1].split()[:4] == ["arm", "TTFT", "p50", "p90"]
     assert lines[2].split()[:4] == ["a", "5.0s", "9.0s", "10.0s"]
     assert all(len(line) < 120 for line in lines)
+    # three of the ten turns waited at the gateway: the table says which share it held
+    assert row["turns_held"] == 3
+    end = lines[1].index(" held") + len(" held")  # right-aligned under its header
+    assert lines[2][end - 4:end] == " 30%"
 
 
 def test_per_session_results_join_sessions_and_their_turns(tmp_path):

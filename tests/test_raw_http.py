@@ -227,6 +227,33 @@ def test_a_turn_records_the_same_result_through_either_transport(transport_kind)
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("transport_kind", ["raw", "aiohttp"])
+def test_a_gateways_wait_and_the_replica_are_read_from_the_response_head(transport_kind):
+    """loadgen gateway's wait header becomes the turn's gateway_wait_s and the spec's replica
+    header its replica, together, through either transport; a malformed wait reads as none."""
+    async def main():
+        head = ("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                "x-loadgen-gateway-wait-seconds: 2.500000\r\nX-Pod: pod-b\r\n")
+        replies = [((head + f"Content-Length: {len(SSE_BODY)}\r\n\r\n").encode() + SSE_BODY, [], "keep"),
+                   ((head.replace("2.500000", "soon") + f"Content-Length: {len(SSE_BODY)}\r\n\r\n").encode()
+                    + SSE_BODY, [], "keep")]
+        server = ScriptedServer(replies)
+        url = await server.start()
+        transport = RawHttpTransport() if transport_kind == "raw" else AiohttpTransport()
+        client = OpenAIEngineClient(WallClock(), EndpointOptions(url=url, model="m", replica_header="X-Pod"),
+                                    transport)
+        try:
+            first = await client.generate(TurnRequest(1, 0, 3, 2, token_ids=TokenIds([5, 6, 7])))
+            second = await client.generate(TurnRequest(1, 1, 3, 2, token_ids=TokenIds([5, 6, 7])))
+        finally:
+            await client.close()
+            await server.close()
+        assert (first.gateway_wait_s, first.replica) == (2.5, 0)
+        assert (second.gateway_wait_s, second.replica) == (0.0, 0)
+
+    asyncio.run(main())
+
+
 def test_token_ids_json_is_the_whole_lists_encoding_as_it_grows():
     rng = np.random.default_rng(3)
     ids = TokenIds(rng.integers(1, 30000, size=50).tolist())

@@ -180,6 +180,8 @@ def latency_by_arm(runs: list, outcomes: list) -> list[dict]:
         rows.append({
             "arm": arm, "controller": str(arm_runs[0].run_json.get("controller") or "none"),
             "num_runs": len(arm_runs), **latency_summary(pooled),
+            # turns a gateway held before they went to the engine (parked, or queued as a new session)
+            "turns_held": int((pooled.gateway_wait_s > 0).sum()),
             "turns_per_s": json_float(len(pooled) / duration_s) if duration_s > 0 else None,
             "tasks_arrived": total("tasks_arrived"), "tasks_finished": total("tasks_finished"),
             "slo_turns_met_share": json_float(turns_met / len(pooled)) if turns_met is not None and len(pooled) else None,
@@ -233,16 +235,21 @@ def format_latency_table(summary: dict) -> Optional[str]:
         return "-" if value is None else f"{value:.{digits}f}"
 
     has_slo = any(r.get("slo_goodput_turns_per_s") is not None for r in rows)
-    header = ["arm", "TTFT p50", "p90", "p99", "ITL p50", "p90", "turn p50", "p90", "gw p99", "gw mean", "turns/s",
-              "tasks done"]
+    has_held = any(r.get("turns_held") for r in rows)
+    header = ["arm", "TTFT p50", "p90", "p99", "ITL p50", "p90", "turn p50", "p90", "gw p99", "gw mean"]
+    header += ["held"] if has_held else []
+    header += ["turns/s", "tasks done"]
     if has_slo:
         header += ["SLO turns", "SLO tasks"]
     body = []
     for r in rows:
         cells = [r["arm"], ms(r["ttft_s"]["p50"]), ms(r["ttft_s"]["p90"]), ms(r["ttft_s"]["p99"]),
                  ms(r["itl_s"]["p50"]), ms(r["itl_s"]["p90"]), ms(r["turn_s"]["p50"]), ms(r["turn_s"]["p90"]),
-                 ms(r["gateway_wait_s"]["p99"]), ms(r["gateway_wait_s"]["mean"]), num(r["turns_per_s"], 3),
-                 "-" if r["tasks_finished"] is None else f"{r['tasks_finished']}/{r['tasks_arrived']}"]
+                 ms(r["gateway_wait_s"]["p99"]), ms(r["gateway_wait_s"]["mean"])]
+        if has_held:
+            cells.append(f"{r.get('turns_held', 0) / r['num_turns']:.0%}" if r["num_turns"] else "-")
+        cells += [num(r["turns_per_s"], 3),
+                  "-" if r["tasks_finished"] is None else f"{r['tasks_finished']}/{r['tasks_arrived']}"]
         if has_slo:
             cells += [num(r["slo_turns_met_share"], 2), num(r["slo_tasks_met_share"], 2)]
         body.append(cells)
@@ -257,6 +264,9 @@ def format_latency_table(summary: dict) -> Optional[str]:
     lines += ["TTFT and turn latency from the moment the agent wanted the turn (gateway wait included);",
               "  gw: gateway wait; ITL: a turn's mean inter-token gap; nearest-rank percentiles over",
               "  successful turns; tasks done: sessions finished/arrived."]
+    if has_held:
+        lines += ["  held: the share of turns the gateway held before they went to the engine (parked, or"
+                  " queued as a new session)."]
     if has_slo:
         lines.append("SLO turns/tasks: share meeting every target of the spec's slo (docs/results-format.md).")
     lines += format_turn_outcomes(rows)

@@ -36,6 +36,7 @@ cdef class TurnResult:
     cdef readonly object replica
     cdef readonly object miss_routing_tokens
     cdef readonly object miss_eviction_tokens
+    cdef readonly object gateway_wait_s
 
 
 cdef class SimEngineClient:

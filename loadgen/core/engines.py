@@ -84,6 +84,9 @@ class TurnResult:
     replica: Optional[int] = None
     miss_routing_tokens: Optional[int] = None
     miss_eviction_tokens: Optional[int] = None
+    # the time a gateway between the client and the engine held the request before sending it on
+    # (loadgen gateway's response header; live only): a wait at admission the engine never saw
+    gateway_wait_s: float = 0.0
 
     def __eq__(self, other):
         return _same_fields(self, other)

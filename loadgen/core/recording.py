@@ -283,6 +283,15 @@ class RunRecorder:
     def session_parked(self, session_id: int) -> None:
         self._open_sessions[session_id].num_parks += 1
 
+    def gateway_held(self, session_id: int, turn_index: int, admit_s: float) -> None:
+        """A gateway between the client and the engine held the session's turn until ``admit_s``
+        (live, through loadgen gateway): the first turn's is its admission, a later one a park."""
+        session = self._open_sessions[session_id]
+        if turn_index == 0:
+            session.first_admit_s = admit_s
+        else:
+            session.num_parks += 1
+
     def session_ended(self, session_id: int, end_s: float) -> None:
         session = self._open_sessions.pop(session_id)
         status = "completed" if session.turns_completed == session.num_turns else "failed"

@@ -238,7 +238,9 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
             await wait
             counts.gateway_waiting -= 1
             progress.counted_as = None
-        recorder.session_admitted(sid, clock.now())
+        # a turn the gate let go at once waited 0 (a live clock moves between two reads of it)
+        admit = ready if wait is None and not gate_answers_later else clock.now()
+        recorder.session_admitted(sid, admit)
         # of the next prompt, what an infinite cache would hold from this session's earlier turns
         held_tokens = node.held_tokens() if node is not None else 0
         # read once: a shape does not change (frozen), and each read by name costs a lookup a turn
@@ -261,7 +263,7 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
                     await wait
                     counts.parked -= 1
                     progress.counted_as = None
-            admit = clock.now()
+                admit = ready if wait is None and not gate_answers_later else clock.now()
             output = output_tokens[k]
             if replay is not None:
                 replay_ids = replay.prompt_ids(k)
@@ -288,6 +290,11 @@ async def run_session(plan: SessionPlan, env: RunEnv) -> None:
                 result = await engine.generate(request)
                 counts.in_engine -= 1
                 progress.counted_as = None
+                if attempt == 1 and result.gateway_wait_s > 0:
+                    # a gateway in front of the engine held the turn (its answer says how long):
+                    # admitted then, as if by this run's own gate
+                    admit += result.gateway_wait_s
+                    recorder.gateway_held(sid, k, admit)
                 gaps = result.inter_token_gaps_s
                 if gaps and gap_histogram is not None:
                     for gap_s in gaps:

@@ -30,6 +30,7 @@ from routers import RouteRequest
 
 from ..core.clock import WallClock
 from ..core.gateway import Gateway
+from ..live.http_client import GATEWAY_WAIT_HEADER
 from .config import SESSION_FINAL_HEADER, GatewayConfig
 from .http_server import ClientConnection, Request, error_body
 from .metrics import GatewayMetrics, engine_exposition, status
@@ -74,12 +75,14 @@ def usage_from_tail(tail: bytes) -> Optional[dict]:
 class Relay:
     """An upstream response on its way to the client (the upstream connection's ``Sink``)."""
 
-    __slots__ = ("client", "conn", "done", "status", "started", "event_stream", "tail", "replica")
+    __slots__ = ("client", "conn", "done", "status", "started", "event_stream", "tail", "added", "replaced")
 
-    def __init__(self, client: ClientConnection, replica: Optional[tuple[str, str]] = None) -> None:
+    def __init__(self, client: ClientConnection, added: tuple = ()) -> None:
         self.client = client
-        # set: (header, upstream index) the response names its replica in, in place of any the upstream sent
-        self.replica = replica
+        # (name, value) headers the gateway adds to the response, in place of any the upstream sent
+        # under those names: the upstream's index, the time the request was held
+        self.added = added
+        self.replaced = frozenset(name.lower() for name, _ in added)
         self.conn = None
         self.done = asyncio.get_running_loop().create_future()
         self.status = 0
@@ -92,12 +95,11 @@ class Relay:
         out = []
         for name, value in headers:
             lower = name.lower()
-            if lower not in DROPPED_RESPONSE_HEADERS and not (self.replica and lower == self.replica[0].lower()):
+            if lower not in DROPPED_RESPONSE_HEADERS and lower not in self.replaced:
                 out.append((name, value))
                 if lower == "content-type" and "event-stream" in value:
                     self.event_stream = True
-        if self.replica:
-            out.append(self.replica)
+        out.extend(self.added)
         self.client.start(status, out, length)
         self.started = True
 
@@ -268,6 +270,7 @@ class GatewayProxy:
             conn.respond(400, error_body(400, f"the request body must be a JSON object, got {type(body).__name__}"))
             return
         gate, clock = self.gate, self.clock
+        arrived_s = clock.now()
         key = self.identify.from_headers(req.headers) or self.identify.fingerprint(body, self.sessions)
         session = self.sessions.get(key)
         body_bytes = len(req.body)
@@ -295,12 +298,13 @@ class GatewayProxy:
         else:
             self.metrics.admissions.labels("went").inc()
         admitted_s = clock.now()
+        held_s = admitted_s - arrived_s if wait is not None else 0.0
         session.in_flight += 1
         # routed per request, after admission (the router sits behind the gate): a router may move a session
         routing, route = self.routing, self._route_request(key, body, body_bytes, req, session)
         index = routing.choose(route, admitted_s)
         try:
-            failure, relay = await self._forward(req, conn, index, turn=True)
+            failure, relay = await self._forward(req, conn, index, turn=True, held_s=held_s)
         finally:
             routing.finished(index, route, clock.now())
             session.in_flight -= 1
@@ -364,18 +368,22 @@ class GatewayProxy:
             return False
         return True
 
-    async def _forward(self, req: Request, conn: ClientConnection, index: int,
-                       turn: bool = False) -> tuple[Optional[str], Relay]:
+    async def _forward(self, req: Request, conn: ClientConnection, index: int, turn: bool = False,
+                       held_s: float = 0.0) -> tuple[Optional[str], Relay]:
         """Send ``req`` to upstream ``index`` and relay its response; (failure or None, the relay).
-        A turn request's response names its upstream (REPLICA_HEADER) when there are several: with
-        one, whatever the upstream says of its replicas (a serve-sim deployment) passes through."""
+        A turn request's response says how long the gateway held it (GATEWAY_WAIT_HEADER, ``held_s``) and
+        names its upstream (REPLICA_HEADER) when there are several: with one, whatever the upstream
+        says of its replicas (a serve-sim deployment) passes through."""
         url = self.config.upstreams[index]
         headers = [(n, v) for n, v in req.header_list if n.lower() not in DROPPED_REQUEST_HEADERS]
         headers += self.upstream_headers
         data = self.pool.request_bytes(index, req.method, req.target, headers, req.body)
         # named when there are several upstreams, or when the config asks (a sweep's deployment)
         named = turn and (len(self.config.upstreams) > 1 or self.config.replica_header is not None)
-        relay = Relay(conn, (self.config.replica_header or REPLICA_HEADER, str(index)) if named else None)
+        added = ((GATEWAY_WAIT_HEADER, f"{held_s:.6f}"),) if turn else ()
+        if named:
+            added += ((self.config.replica_header or REPLICA_HEADER, str(index)),)
+        relay = Relay(conn, added)
         conn.on_pause, conn.on_resume, conn.on_lost = relay.pause, relay.resume, relay.client_gone
         loop = asyncio.get_running_loop()
         sent = loop.time()

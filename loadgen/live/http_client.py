@@ -41,6 +41,18 @@ from .transport import AiohttpTransport, Transport
 
 # serve-sim's lateness histogram (JSON); a real server answers 404 and has no lag of its own to report
 LAG_PATH = "/loadgen/lag"
+# loadgen gateway's answer to every turn: the seconds (its clock) it held the request before
+# sending it upstream, a wait the engine never sees (recorded as the turn's gateway wait)
+GATEWAY_WAIT_HEADER = "X-Loadgen-Gateway-Wait-Seconds"
+
+
+def _seconds(value: Optional[str]) -> float:
+    """A header's seconds; 0.0 when absent or not a finite, non-negative number."""
+    try:
+        seconds = float(value) if value is not None else 0.0
+    except ValueError:
+        return 0.0
+    return seconds if 0.0 <= seconds < math.inf else 0.0
 
 
 def _until_done(events: list[bytes]) -> list[bytes]:
@@ -173,13 +185,14 @@ class OpenAIEngineClient:
             body = fields.replace(key + b"null", key + prompt.json(), 1)
         else:
             body = orjson.dumps(self._body(request, prompt))
-        # a transport is asked for a response header only when the spec names one (test doubles
-        # at this seam need not know the argument)
-        replica_header = {self.options.replica_header: None} if self.options.replica_header else None
-        extra = {"response_header": replica_header} if replica_header else {}
+        # a gateway's wait (loadgen gateway says it on every turn) and the replica when the spec names its header
+        replica_header = self.options.replica_header
+        response_headers = {GATEWAY_WAIT_HEADER: None}
+        if replica_header:
+            response_headers[replica_header] = None
         try:
             async for batch in self.transport.stream_lines(self.base + self._path, body, headers,
-                                                           self.options.request_timeout_s, **extra):
+                                                           self.options.request_timeout_s, response_headers):
                 now = clock.now()
                 # one JSON parse per network read (the batch's events as one array), not per event
                 events = [line[5:] for line in batch if line[:5] == b"data:"]
@@ -250,12 +263,12 @@ class OpenAIEngineClient:
         return TurnResult(submitted, first, finish, int(usage.get("prompt_tokens", request.prompt_tokens)), cached,
                           int(usage.get("completion_tokens", len(output_ids))), 0, None,
                           output_ids if output_ids else None, tuple(gaps), output_text="".join(texts),
-                          replica=self.replica_index(replica_header))
+                          replica=self.replica_index(response_headers.get(replica_header) if replica_header else None),
+                          gateway_wait_s=_seconds(response_headers[GATEWAY_WAIT_HEADER]))
 
-    def replica_index(self, replica_header: Optional[dict]) -> Optional[int]:
+    def replica_index(self, value: Optional[str]) -> Optional[int]:
         """The replica a response names (None without the header): an index when the value is one
         (serve-sim's X-Loadgen-Replica), else the order in which the run first saw the value."""
-        value = next(iter(replica_header.values())) if replica_header else None
         if value is None:
             return None
         if value.isdigit():

@@ -70,8 +70,8 @@ class _Connection(asyncio.Protocol):
         self.error: Optional[Exception] = None
         self.timed_out = False
         self.waiter: Optional[asyncio.Future] = None
-        self.keep_header: Optional[str] = None  # a response header the reader asked for (lower case)
-        self.kept_header: Optional[str] = None
+        self.keep_headers: frozenset = frozenset()  # response headers the reader asked for (lower case)
+        self.kept_headers: dict = {}
 
     # ------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport) -> None:
@@ -138,8 +138,8 @@ class _Connection(asyncio.Protocol):
                     chunked = "chunked" in value.lower()
                 elif name == "connection":
                     connection = value.strip().lower()
-                elif name == self.keep_header:
-                    self.kept_header = value.strip()
+                elif name in self.keep_headers:
+                    self.kept_headers[name] = value.strip()
             self.keep_alive = connection != "close" and parts[0] != "HTTP/1.0" or connection == "keep-alive"
             self.head_done = True
             if chunked:
@@ -306,7 +306,7 @@ class RawHttpTransport:
             self._open.discard(conn)
 
     async def _send(self, method: str, url: str, body: Optional[bytes], headers: dict, timeout_s: float,
-                    fresh: bool = False, keep_header: Optional[str] = None,
+                    fresh: bool = False, keep_headers: frozenset = frozenset(),
                     ) -> tuple[_Connection, tuple[str, int], asyncio.TimerHandle]:
         host, port, path, netloc = self._target(url)
         if self._slots is None:
@@ -323,7 +323,7 @@ class RawHttpTransport:
             raise
         conn.busy = True
         # set before the loop runs again: no byte of this answer is parsed yet
-        conn.keep_header, conn.kept_header = keep_header, None
+        conn.keep_headers, conn.kept_headers = keep_headers, {}
         head = [f"{method} {path} HTTP/1.1\r\nHost: {netloc}\r\n"]
         for name, value in headers.items():
             head.append(f"{name}: {value}\r\n")
@@ -348,12 +348,13 @@ class RawHttpTransport:
         self._slots.release()
 
     async def _answered(self, method: str, url: str, body: Optional[bytes], headers: dict, timeout_s: float,
-                        keep_header: Optional[str] = None) -> tuple[_Connection, tuple[str, int], asyncio.TimerHandle]:
+                        keep_headers: frozenset = frozenset(),
+                        ) -> tuple[_Connection, tuple[str, int], asyncio.TimerHandle]:
         """A request sent and its response head read. On a reused connection that the server
         closed before a byte came back (its keep-alive timeout raced the request), sent once
         more on a fresh connection, as HTTP clients do; the timeout covers both tries."""
         started = asyncio.get_running_loop().time()
-        conn, key, timer = await self._send(method, url, body, headers, timeout_s, keep_header=keep_header)
+        conn, key, timer = await self._send(method, url, body, headers, timeout_s, keep_headers=keep_headers)
         try:
             while not conn.head_done:
                 await conn.wait()
@@ -368,7 +369,7 @@ class RawHttpTransport:
         left_s = timeout_s - (asyncio.get_running_loop().time() - started)
         if left_s <= 0:
             raise TransportError(f"timeout after {timeout_s:g} s")
-        conn, key, timer = await self._send(method, url, body, headers, left_s, fresh=True, keep_header=keep_header)
+        conn, key, timer = await self._send(method, url, body, headers, left_s, fresh=True, keep_headers=keep_headers)
         try:
             while not conn.head_done:
                 await conn.wait()
@@ -390,17 +391,19 @@ class RawHttpTransport:
             self._done_with(conn, key, timer)
 
     async def stream_lines(self, url: str, body: bytes, headers: dict, timeout_s: float,
-                           response_header: Optional[dict] = None) -> AsyncIterator[list[bytes]]:
-        """``response_header``: {name: None} gets that response header's value (a router's replica)."""
+                           response_headers: Optional[dict] = None) -> AsyncIterator[list[bytes]]:
+        """``response_headers``: {name: None, ...} gets those response headers' values (a router's
+        replica, a gateway's wait)."""
         if not url.startswith("http://"):
-            async for batch in self.fallback.stream_lines(url, body, headers, timeout_s, response_header):
+            async for batch in self.fallback.stream_lines(url, body, headers, timeout_s, response_headers):
                 yield batch
             return
-        keep = next(iter(response_header)).lower() if response_header else None
+        keep = frozenset(name.lower() for name in response_headers) if response_headers else frozenset()
         conn, key, timer = await self._answered("POST", url, body, headers, timeout_s, keep)
         try:
-            if response_header:
-                response_header[next(iter(response_header))] = conn.kept_header
+            if response_headers:
+                for name in response_headers:
+                    response_headers[name] = conn.kept_headers.get(name.lower())
             if conn.status >= 400:
                 while not conn.done:
                     await conn.wait()

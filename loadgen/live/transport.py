@@ -25,9 +25,10 @@ class Transport(Protocol):
                       timeout_s: float) -> tuple[int, bytes]: ...
 
     def stream_lines(self, url: str, body: bytes, headers: dict, timeout_s: float,
-                     response_header: Optional[dict] = None) -> AsyncIterator[list[bytes]]:
+                     response_headers: Optional[dict] = None) -> AsyncIterator[list[bytes]]:
         """A streamed POST's response as batches of complete lines, a batch per network read;
-        ``response_header`` ({name: None}) gets that header's value before the first batch."""
+        ``response_headers`` ({name: None, ...}) gets those headers' values (None: not sent)
+        before the first batch."""
 
     async def close(self) -> None: ...
 
@@ -60,15 +61,15 @@ class AiohttpTransport:
         except aiohttp.ClientError as exc:
             raise TransportError(f"{type(exc).__name__}: {exc}") from None
 
-    async def stream_lines(self, url, body, headers, timeout_s, response_header=None):
+    async def stream_lines(self, url, body, headers, timeout_s, response_headers=None):
         import aiohttp
 
         try:
             async with self._get().post(url, data=body, headers=headers,
                                         timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-                if response_header:
-                    name = next(iter(response_header))
-                    response_header[name] = resp.headers.get(name)
+                if response_headers:
+                    for name in response_headers:
+                        response_headers[name] = resp.headers.get(name)
                 if resp.status >= 400:
                     raise HttpStatusError(resp.status, (await resp.read()).decode(errors="replace"))
                 # one await per network read, not per line: aiohttp's readline costs ~4 us a line
@@ -133,11 +134,12 @@ class MockTransport:
         data = orjson.dumps(resp.json) if resp.json is not None else resp.text.encode()
         return resp.status, data
 
-    async def stream_lines(self, url, body, headers, timeout_s, response_header=None):
+    async def stream_lines(self, url, body, headers, timeout_s, response_headers=None):
         resp = await self._respond_within("POST", url, body, headers, timeout_s)
-        if response_header:
-            name = next(iter(response_header))
-            response_header[name] = {k.lower(): v for k, v in resp.headers.items()}.get(name.lower())
+        if response_headers:
+            sent = {k.lower(): v for k, v in resp.headers.items()}
+            for name in response_headers:
+                response_headers[name] = sent.get(name.lower())
         if resp.status >= 400:
             raise HttpStatusError(resp.status, resp.text or orjson.dumps(resp.json).decode())
         for line in resp.lines:  # one line per batch: every token arrives separately

@@ -26,12 +26,13 @@ def test_the_proxy_beside_each_launched_engine_enforces_the_arms_limit(ray_local
     assert gw["parks"]["parked"] + gw["parks"]["waiting"] > 0 and gw["sessions_ended"]["final"] > 0
     run_dir = tmp_path / "runs" / "burst-s1"
     sessions = pq.read_table(run_dir / "sessions.parquet").to_pydict()
-    # the fleets' own gate admitted everyone at once (a Ray round trip): the waiting happened in the proxy
-    assert max(f - a for a, f in zip(sessions["arrival_s"], sessions["first_admit_s"]) if f is not None) < 5.0
+    # the fleets' own gate admitted everyone at once: the waiting happened in the proxy, whose answers
+    # say how long, recorded as the sessions' admissions
+    assert max(f - a for a, f in zip(sessions["arrival_s"], sessions["first_admit_s"]) if f is not None) > 10.0
     samples = pq.read_table(run_dir / "samples.parquet").to_pydict()
     after = [i for i, t in enumerate(samples["t_s"]) if t >= 150]
     assert all(samples["gateway_limit"][i] == 1 for i in after)
     assert max(samples["sessions_gateway_waiting"][i] + samples["sessions_parked"][i] for i in after) > 0
     turns = pq.read_table(run_dir / "turns.parquet").to_pydict()
     assert len(turns["session_id"]) > 20 and max(turns["cached_tokens"]) > 0
-    assert max(f - r for r, f in zip(turns["ready_s"], turns["first_token_s"])) > 10.0  # held in the proxy
+    assert max(turns["gateway_wait_s"]) > 10.0  # held in the proxy

@@ -49,7 +49,7 @@ class HostTransport:
             raise answer
         return answer if answer is not None else (404, b"not found")
 
-    async def stream_lines(self, url, body, headers, timeout_s):
+    async def stream_lines(self, url, body, headers, timeout_s, response_headers=None):
         base, path = self._split(url)
         self.calls.append(("POST", base, path, dict(headers)))
         usage = {"prompt_tokens": len(orjson.loads(body)["prompt"]), "completion_tokens": 1,
