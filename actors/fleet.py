@@ -132,6 +132,9 @@ class RecorderProxy:
     def session_parked(self, *args: Any) -> None:
         self.events.append(("session_parked", args))
 
+    def gateway_held(self, *args: Any) -> None:
+        self.events.append(("gateway_held", args))
+
     def session_ended(self, *args: Any) -> None:
         self.events.append(("session_ended", args))
 

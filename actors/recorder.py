@@ -15,7 +15,7 @@ import ray
 from loadgen.core.recording import RunRecorder
 
 # what a RecorderProxy may ask for: never an arbitrary attribute of the recorder
-_REPLAYABLE = frozenset({"session_arrived", "session_admitted", "session_parked", "session_ended",
+_REPLAYABLE = frozenset({"session_arrived", "session_admitted", "session_parked", "gateway_held", "session_ended",
                          "session_crashed", "turn"})
 
 

@@ -150,6 +150,25 @@ def test_preflight_reads_model_pool_and_checks_cache_reports():
     assert info["prompt_mode"] == "token_ids"
 
 
+def test_a_specs_simulated_pool_is_used_or_refused_never_dropped():
+    """loadgen run SPEC --endpoint: the pool the spec's simulated engine had is the pool of an
+    endpoint that reports none, and an endpoint that reports another is refused, naming both and
+    the flag; --pool-tokens (pool_tokens) chooses."""
+    def preflight(metrics, **options):
+        async def go():
+            client = await make_client(_server(metrics=metrics), **options)()
+            return await client.preflight()
+        return run(go())
+
+    assert preflight("", simulated_pool_tokens=160_000)["pool_tokens"] == 160_000
+    assert preflight(VLLM_METRICS, simulated_pool_tokens=1024 * 128)["pool_tokens"] == 1024 * 128
+    with pytest.raises(PreflightError, match=r"engine.pool_tokens: .* 160000-token KV pool, but .* has 131072 "
+                                             r"tokens.*--pool-tokens 131072"):
+        preflight(VLLM_METRICS, simulated_pool_tokens=160_000)
+    with pytest.raises(PreflightError, match="give --pool-tokens N"):
+        preflight("")
+
+
 def test_preflight_names_the_server_flag_when_cached_tokens_are_not_reported():
     async def go():
         client = await make_client(_server(cached=0))()

@@ -40,6 +40,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         previous = spec.engine.model_dump() if spec.engine.kind == "openai" else {}
         previous.pop("kind", None)
+        if spec.engine.kind == "sim" and "pool_tokens" in spec.engine.model_fields_set and args.pool_tokens is None:
+            # the pool the spec's load and limits were sized for: checked against the endpoint's, never dropped
+            previous["simulated_pool_tokens"] = spec.engine.pool_tokens
         url = _endpoint_url(args.endpoint)
         engine = OpenAIEngineSpec(**{**previous, "url": url, "model": args.model or previous.get("model")})
         spec = spec.model_copy(update={"engine": engine})

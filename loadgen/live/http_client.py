@@ -93,6 +93,9 @@ class EndpointOptions:
     session_label: str = "loadgen"  # the run's id in a run
     # a router's response header naming the replica that served the turn (turns.parquet replica)
     replica_header: Optional[str] = None
+    # the pool of the simulated engine a spec run with --endpoint was written for: the preflight
+    # uses it when the server reports none and refuses a server that reports another
+    simulated_pool_tokens: Optional[int] = None
 
 
 class OpenAIEngineClient:
@@ -436,10 +439,17 @@ class OpenAIEngineClient:
         pool = pool_tokens or (scraped.pool_tokens if scraped else None)
         if not pool and self.server == "sglang":
             pool = await self._sglang_pool_tokens()
+        simulated = self.options.simulated_pool_tokens
+        if pool and simulated and not pool_tokens and pool != simulated:
+            raise PreflightError(
+                f"engine.pool_tokens: the spec's simulated engine has a {simulated}-token KV pool, but {self.base} "
+                f"has {pool} tokens, and the spec's load and limits were sized for its pool. Give --pool-tokens "
+                f"{pool} to run it against this engine's pool, or start the engine with a {simulated}-token pool")
+        pool = pool or simulated
         if not pool:
             raise PreflightError(f"the KV pool size of {self.base} is unknown (no vllm:cache_config_info or "
                                  "sglang:max_total_num_tokens in /metrics, no max_total_num_tokens in "
-                                 "/get_server_info): give engine.pool_tokens in the spec")
+                                 "/get_server_info): give --pool-tokens N, or engine.pool_tokens in the spec")
         self.pool_tokens = pool
         self.consecutive_failures = 0
         self.first_failure_s = None

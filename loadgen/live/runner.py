@@ -42,7 +42,8 @@ def endpoint_options(engine: OpenAIEngineSpec, run_id: str = "loadgen") -> Endpo
                            prompt_mode=engine.prompt_mode, request_timeout_s=engine.request_timeout_s,
                            server=engine.server, api=engine.api, tokenizer=engine.tokenizer,
                            session_header=engine.session_header, session_label=run_id,
-                           replica_header=getattr(engine, "replica_header", None))
+                           replica_header=getattr(engine, "replica_header", None),
+                           simulated_pool_tokens=getattr(engine, "simulated_pool_tokens", None))
 
 
 def max_context_tokens(spec: ExperimentSpec) -> int:
@@ -188,7 +189,8 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
             from ..gateway.in_run import SESSION_HEADER, proxy_sample, start_run_gateway
 
             proxy = await start_run_gateway(engine_spec.gateway, engine_spec.url, ctl, spec.time_scale,
-                                            engine_spec.request_timeout_s, engine_spec.pool_tokens,
+                                            engine_spec.request_timeout_s,
+                                            engine_spec.pool_tokens or engine_spec.simulated_pool_tokens,
                                             engine_spec.session_header, pool_urls=engine_spec.metrics_urls)
             options.url = f"http://127.0.0.1:{proxy.port}"
             options.session_header = options.session_header or SESSION_HEADER

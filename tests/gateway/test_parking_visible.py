@@ -20,7 +20,7 @@ def test_the_proxys_park_time_is_each_turns_gateway_wait(tmp_path):
     data["arms"] = [{"name": "capped", "controller": {"name": "session-cap", "params": {"k": 1, "k_hi": 1}}}]
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(data))
-    server = ServeSim(60.0)
+    server = ServeSim(60.0, "--pool-tokens", "160000")  # the spec's pool
     try:
         proc = subprocess.run([sys.executable, "-m", "loadgen.cli", "run", str(spec), "--endpoint", server.url,
                                "--via-gateway", "--out", str(tmp_path / "out"), "--no-figures"],

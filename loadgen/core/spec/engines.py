@@ -292,6 +292,10 @@ class OpenAIEngineSpec(_Model):
     model: Optional[str] = Field(None, description="Served model name; default: the first one /v1/models lists.")
     api_key_env: Optional[str] = Field(None, description="Name of the environment variable holding the API key.")
     pool_tokens: Optional[int] = Field(None, gt=0, description="KV pool C; default: read from the server's /metrics.")
+    simulated_pool_tokens: Optional[int] = Field(None, gt=0, description=(
+        "The KV pool of the simulated engine the spec was written for (loadgen run --endpoint sets it from the "
+        "spec's engine.pool_tokens): used when the server reports no pool; a server that reports another pool "
+        "is refused before any load (give pool_tokens, or --pool-tokens, to choose)."))
     prompt_mode: Literal["auto", "token_ids", "text"] = Field(
         "auto", description="Send token-id prompts; 'auto' falls back to text if the server refuses ids.")
     server: Literal["auto", "vllm", "sglang"] = Field("auto", description="Which flush API and metric names.")
