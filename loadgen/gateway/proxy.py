@@ -43,6 +43,8 @@ log = logging.getLogger("loadgen.gateway")
 TURN_PATHS = ("/v1/chat/completions", "/v1/completions")
 # the prefix-cache resets of vLLM and SGLang: done on every upstream, as a client means the whole cache
 CACHE_RESET_PATHS = ("/reset_prefix_cache", "/flush_cache")
+# SGLang's server info, where its clients read the KV pool (max_total_num_tokens): the gate's pool
+SERVER_INFO_PATHS = ("/get_server_info", "/server_info")
 # not forwarded: per connection (RFC 9110 7.6.1), or replaced by the gateway
 DROPPED_REQUEST_HEADERS = frozenset(("connection", "keep-alive", "proxy-connection", "transfer-encoding", "te",
                                      "trailer", "upgrade", "host", "content-length", "authorization",
@@ -245,6 +247,8 @@ class GatewayProxy:
                 await self._turn(req, conn)
             elif req.method == "POST" and path in CACHE_RESET_PATHS:
                 await self._reset_every_upstream(req, conn)
+            elif req.method == "GET" and path in SERVER_INFO_PATHS:
+                await self._server_info(req, conn)
             else:
                 key = self.identify.from_headers(req.headers)
                 index = sticky_hash(key, len(self.config.upstreams)) if key else 0
@@ -402,30 +406,47 @@ class GatewayProxy:
             conn.respond(502, error_body(502, f"upstream {url}: {failure}"))
         return failure, relay
 
-    async def _reset_every_upstream(self, req: Request, conn: ClientConnection) -> None:
-        """A prefix-cache reset sent on to every upstream at once; 200 when every one did it, else
-        the first failing upstream's status (502 when one could not be reached), the body saying
-        how many of how many did it."""
+    async def _ask_upstreams(self, req: Request, urls: list[str]) -> list[tuple[int, bytes]]:
+        """``req`` sent to each of ``urls`` at once, outside the turn path; each answer (status,
+        body), 502 and the error for an upstream that could not be reached."""
         from ..live.raw_http import RawHttpTransport
 
         headers = {n: v for n, v in req.header_list if n.lower() not in DROPPED_REQUEST_HEADERS}
         headers.update(dict(self.upstream_headers))
         transport = RawHttpTransport()
 
-        async def one(url: str) -> tuple[int, str]:
+        async def one(url: str) -> tuple[int, bytes]:
             try:
-                code, data = await transport.request(req.method, url + req.target, req.body or None, headers,
-                                                     self.config.request_timeout_s)
-                return code, data.decode(errors="replace")[:200]
+                return await transport.request(req.method, url + req.target, req.body or None, headers,
+                                               self.config.request_timeout_s)
             except Exception as exc:  # an upstream down is its answer here, not the gateway's failure
-                return 502, f"{type(exc).__name__}: {exc}"[:200]
+                return 502, f"{type(exc).__name__}: {exc}".encode()
 
         try:
-            answers = await asyncio.gather(*(one(url) for url in self.config.upstreams))
+            return await asyncio.gather(*(one(url) for url in urls))
         finally:
             await transport.close()
-        failed = [{"upstream": url, "status": code, "body": text}
-                  for url, (code, text) in zip(self.config.upstreams, answers) if code >= 300]
+
+    async def _server_info(self, req: Request, conn: ClientConnection) -> None:
+        """SGLang's server info, from the first upstream, with the pool the gate computes with as
+        its ``max_total_num_tokens`` (the upstreams' pools summed, or --pool-tokens)."""
+        ((code, data),) = await self._ask_upstreams(req, self.config.upstreams[:1])
+        try:
+            info = orjson.loads(data) if code < 300 else None
+        except orjson.JSONDecodeError:
+            info = None
+        if isinstance(info, dict) and "max_total_num_tokens" in info:
+            info["max_total_num_tokens"] = int(self.gate.pool_tokens)
+            data = orjson.dumps(info)
+        conn.respond(code, data)
+
+    async def _reset_every_upstream(self, req: Request, conn: ClientConnection) -> None:
+        """A prefix-cache reset sent on to every upstream at once; 200 when every one did it, else
+        the first failing upstream's status (502 when one could not be reached), the body saying
+        how many of how many did it."""
+        answers = await self._ask_upstreams(req, self.config.upstreams)
+        failed = [{"upstream": url, "status": code, "body": data.decode(errors="replace")[:200]}
+                  for url, (code, data) in zip(self.config.upstreams, answers) if code >= 300]
         body = {"upstreams": len(answers), "done": len(answers) - len(failed), "failed": failed}
         conn.respond(failed[0]["status"] if failed else 200, orjson.dumps(body))
 

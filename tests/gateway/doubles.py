@@ -72,6 +72,8 @@ class Upstream:
                 await resp.write(b"x" * 2**20)
             await resp.write_eof()
             return resp
+        if request.path == "/get_server_info":  # SGLang's, where its clients read the pool
+            return web.json_response({"max_total_num_tokens": 16_000, "page_size": 1, "model_path": "m"})
         if request.path not in ("/v1/completions", "/v1/chat/completions"):
             return web.json_response({"path": request.path_qs, "method": request.method})
         payload = orjson.loads(body)

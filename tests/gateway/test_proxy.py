@@ -256,6 +256,9 @@ def test_the_gateway_reads_as_one_engine_in_its_metrics_and_resets_every_upstrea
             assert status == 200 and orjson.loads(body) == {"upstreams": 2, "done": 2, "failed": []}
             for up in ups:  # each upstream got the reset, its query string included
                 assert up.requests[-1][:2] == ("POST", "/reset_prefix_cache?reset_running_requests=true")
+            async with http.get(url + "/get_server_info") as resp:  # SGLang's pool: the gate's
+                assert orjson.loads(await resp.read()) == {"max_total_num_tokens": 32_000, "page_size": 1,
+                                                           "model_path": "m"}
             await ups[1].stop()
             status, _, body = await post(http, url, b"", path="/flush_cache")
             answer = orjson.loads(body)
