@@ -15,10 +15,11 @@ from typing import Optional, Union
 
 from ..core.spec import ControllerSpec
 from ..core.spec.engines import ViaGatewaySpec
+from ..live.http_client import GATEWAY_SESSION_HEADER
 from .config import GatewayConfig
 from .proxy import GatewayProxy, read_pool_tokens
 
-SESSION_HEADER = "X-Session-ID"
+SESSION_HEADER = GATEWAY_SESSION_HEADER
 
 
 async def start_run_gateway(via: ViaGatewaySpec, upstream: Union[str, list[str]], run_controller: ControllerSpec,

@@ -30,7 +30,7 @@ from routers import RouteRequest
 
 from ..core.clock import WallClock
 from ..core.gateway import Gateway
-from ..live.http_client import GATEWAY_WAIT_HEADER
+from ..live.http_client import GATEWAY_RUN_START_PATH, GATEWAY_WAIT_HEADER
 from .config import SESSION_FINAL_HEADER, GatewayConfig
 from .http_server import ClientConnection, Request, error_body
 from .metrics import GatewayMetrics, engine_exposition, status
@@ -177,6 +177,16 @@ class GatewayProxy:
         self.routing = UpstreamRouting(make_upstream_router(ctl.router, ctl.router_options), len(urls),
                                        lambda i: self.engine_signals.get(urls[i], {}))
 
+    def start_run(self) -> None:
+        """A loadgen run starts through this gateway (GATEWAY_RUN_START_PATH): a fresh gate and
+        session table with the clock at 0, so a limit's start_s counts from the run's start and the
+        sessions before it hold nothing. A request still held for an earlier session is let go."""
+        for session in self.sessions.values():
+            if session.admission is not None and not session.admission.done():
+                session.admission.set_result(None)
+        self.reset(WallClock(self.config.time_scale))
+        log.info("a run starts: a fresh gate and session table, the clock at 0")
+
     # ---------------------------------------------------------------- serving
     async def serve(self, host: Optional[str] = None, port: Optional[int] = None) -> asyncio.AbstractServer:
         loop = asyncio.get_running_loop()
@@ -247,6 +257,9 @@ class GatewayProxy:
                 await self._turn(req, conn)
             elif req.method == "POST" and path in CACHE_RESET_PATHS:
                 await self._reset_every_upstream(req, conn)
+            elif req.method == "POST" and path == GATEWAY_RUN_START_PATH:
+                self.start_run()
+                conn.respond(200, orjson.dumps({"clock_s": self.clock.now(), "controller": self.config.controller}))
             elif req.method == "GET" and path in SERVER_INFO_PATHS:
                 await self._server_info(req, conn)
             else:

@@ -44,6 +44,9 @@ LAG_PATH = "/loadgen/lag"
 # loadgen gateway's answer to every turn: the seconds (its clock) it held the request before
 # sending it upstream, a wait the engine never sees (recorded as the turn's gateway wait)
 GATEWAY_WAIT_HEADER = "X-Loadgen-Gateway-Wait-Seconds"
+GATEWAY_RUN_START_PATH = "/loadgen/run_start"  # a run starts: the gateway's gate and clock start with it
+# the session header a run sends a loadgen gateway (it reads this one by default) when the spec names none
+GATEWAY_SESSION_HEADER = "X-Session-ID"
 
 
 def _seconds(value: Optional[str]) -> float:
@@ -305,6 +308,17 @@ class OpenAIEngineClient:
         scraped = parse_metrics(data.decode(errors="replace"))
         self.last_metrics = scraped
         return scraped
+
+    async def start_run_at_gateway(self) -> bool:
+        """Tell a loadgen gateway in front of the engine (its /metrics said so at the preflight)
+        that a run starts now: its gate and clock start with the run's, and every turn names its
+        session (the gateway's own header unless the spec names one; a fingerprint would take
+        sessions that open alike for one). False when there is none."""
+        if self.last_metrics is None or not self.last_metrics.loadgen_gateway:
+            return False
+        await self._json("POST", GATEWAY_RUN_START_PATH, None)
+        self.options.session_header = self.options.session_header or GATEWAY_SESSION_HEADER
+        return True
 
     async def metrics_async(self) -> EngineMetrics:
         try:

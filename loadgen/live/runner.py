@@ -207,6 +207,17 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
         if engine_spec.flush_before_run:
             await flush_before_run(client)
         info["flushed_before_run"] = engine_spec.flush_before_run
+        server_lateness_before = await client.server_lateness()  # serve-sim's, since it started
+        text_prompts = getattr(client, "prompts", None) is not None
+        lead_s = CONTEXT_LEAD_S * spec.time_scale
+        ready_contexts: dict = {}
+        if text_prompts:  # the first second's arrivals find theirs built before the clock starts
+            for plan in plans:
+                if plan.arrival_s < lead_s:
+                    await build_context(plan, client, ready_contexts)
+        warm_up_recording()
+        # the endpoint is a loadgen gateway (not the run's own proxy): its gate starts with the run
+        info["endpoint_gateway_started"] = proxy is None and await client.start_run_at_gateway()
     except Exception as exc:
         info.update(status="failed", error=f"preflight: {exc}" if isinstance(exc, PreflightError)
                     else f"setup: {type(exc).__name__}: {exc}")
@@ -217,15 +228,6 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
             await proxy.close()
         raise
 
-    server_lateness_before = await client.server_lateness()  # serve-sim's, since it started
-    text_prompts = getattr(client, "prompts", None) is not None
-    lead_s = CONTEXT_LEAD_S * spec.time_scale
-    ready_contexts: dict = {}
-    if text_prompts:  # the first second's arrivals find theirs built before the clock starts
-        for plan in plans:
-            if plan.arrival_s < lead_s:
-                await build_context(plan, client, ready_contexts)
-    warm_up_recording()
     clock = WallClock(spec.time_scale)  # run time 0 is now, after the preflight
     client.clock = clock
     if proxy is not None:

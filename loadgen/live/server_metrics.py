@@ -34,6 +34,8 @@ class ScrapedMetrics:
     pool_tokens: Optional[int]
     block_size: Optional[int]
     server: str  # "vllm" | "sglang" | "unknown"
+    # a loadgen gateway's /metrics (its own series beside the engine's): a run tells it when it starts
+    loadgen_gateway: bool = False
 
 
 def parse_metrics(text: str) -> ScrapedMetrics:
@@ -70,4 +72,4 @@ def parse_metrics(text: str) -> ScrapedMetrics:
     metrics = EngineMetrics(count("num_running"), count("num_waiting"), get("kv_usage"),
                             count("prefix_cache_queries_total"), count("prefix_cache_hits_total"),
                             count("num_preemptions_total"))
-    return ScrapedMetrics(metrics, pool_tokens, block_size, server)
+    return ScrapedMetrics(metrics, pool_tokens, block_size, server, "loadgen_gateway_active_sessions" in values)

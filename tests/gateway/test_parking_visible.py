@@ -4,12 +4,14 @@ gateway wait and sessions.parquet's admissions and parks, the latency table, sum
 import json
 import subprocess
 import sys
+import time
 
 import pyarrow.parquet as pq
 import yaml
 
 from tests.conftest import make_spec_dict
 from tests.live.conftest import ServeSim
+from tests.servers import free_port, start_server
 
 
 def test_the_proxys_park_time_is_each_turns_gateway_wait(tmp_path):
@@ -45,3 +47,38 @@ def test_the_proxys_park_time_is_each_turns_gateway_wait(tmp_path):
     assert row["gateway_wait_s"]["p99"] > 5.0 and row["turns_held"] == len(waited)
     table = next(line for line in proc.stdout.splitlines() if line.startswith("capped "))
     assert " 0ms " not in table, proc.stdout
+
+
+def test_a_run_through_a_gateway_of_its_own_needs_only_the_url_and_starts_its_clock(tmp_path):
+    """`loadgen gateway` started on its own, well before the run: the run tells it when it starts,
+    so the limit switches on at the run's minute 5 (control_start_s), not the gateway's."""
+    data = make_spec_dict(seeds=[1], workload={
+        "arrival_rate_per_s": 0.05,
+        "sessions": {"kind": "synthetic", "num_turns": 4, "task_tokens": 2000, "output_tokens": 50,
+                     "tool_tokens": 300, "think_time_mean_s": 3.0}})
+    data["arms"] = [{"name": "through"}]  # the run's own gate: none; the gateway's: session-cap from minute 5
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    server = ServeSim(60.0, "--pool-tokens", "160000")
+    port = free_port()
+    (tmp_path / "gateway.yaml").write_text(yaml.safe_dump({
+        "upstreams": [server.url], "controller": "session-cap", "controller_options": {"k": 1, "k_hi": 1},
+        "control_start_s": 300, "time_scale": 60.0, "listen": f"127.0.0.1:{port}"}))
+    url = f"http://127.0.0.1:{port}"
+    gateway = start_server([sys.executable, "-m", "loadgen.cli", "gateway", "--config", str(tmp_path / "gateway.yaml")],
+                           url, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(3.0)  # 180 s of the gateway's clock: without the run's start, control would be on at its 120 s
+        proc = subprocess.run([sys.executable, "-m", "loadgen.cli", "run", str(spec), "--endpoint", url,
+                               "--time-scale", "60", "--out", str(tmp_path / "out"), "--no-figures", "--quiet"],
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        gateway.kill()
+        gateway.wait()
+        server.kill()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = tmp_path / "out" / "runs" / "through-s1"
+    assert json.loads((run_dir / "run.json").read_text())["endpoint_gateway_started"] is True
+    turns = pq.read_table(run_dir / "turns.parquet").to_pydict()
+    held = [r for r, w in zip(turns["ready_s"], turns["gateway_wait_s"]) if w > 0]
+    assert len(held) > 3 and min(held) > 295.0, sorted(held)[:5]

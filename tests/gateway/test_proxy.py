@@ -267,3 +267,25 @@ def test_the_gateway_reads_as_one_engine_in_its_metrics_and_resets_every_upstrea
         await ups[0].stop()
 
     run(main())
+
+
+def test_a_run_start_gives_a_fresh_gate_and_lets_an_earlier_runs_held_request_go():
+    async def main():
+        up = await Upstream().start()
+        async with running_gateway([up.url], pool_tokens=1000, controller="budgeter", time_scale=100.0) as gw, \
+                aiohttp.ClientSession() as http:
+            url = gateway_url(gw)
+            await post(http, url, completion(600, 4), "a")  # admitted and thinking: b does not fit beside it
+            b = asyncio.ensure_future(post(http, url, completion(400, 4, first=7), "b"))
+            await wait_until(lambda: len(gw.gate.waiting_new) == 1)
+            await asyncio.sleep(0.05)  # 5 s of the gateway's clock
+            assert gw.clock.now() > 4.0 and not b.done()
+            status, _, body = await post(http, url, b"", path="/loadgen/run_start")
+            assert status == 200 and orjson.loads(body)["clock_s"] < 1.0
+            assert (await b)[0] == 200  # not lost: sent on
+            assert not gw.sessions and gw.gate.num_admitted == 0 and gw.gate.demand_tokens == 0
+            async with http.get(url + "/metrics") as resp:  # how a run knows it is talking to a gateway
+                assert "loadgen_gateway_active_sessions" in (await resp.read()).decode()
+        await up.stop()
+
+    run(main())
