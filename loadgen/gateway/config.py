@@ -52,7 +52,9 @@ class GatewayConfig(_Model):
     default_output_tokens: int = Field(
         1024, gt=0, description="A request's output budget when it gives neither max_tokens nor max_completion_tokens.")
     max_body_bytes: int = Field(32 * 2**20, gt=0, description="Larger request bodies are refused with HTTP 413.")
-    request_timeout_s: float = Field(600.0, gt=0, description="Give up on an upstream request after this long.")
+    request_timeout_s: float = Field(600.0, gt=0, description=(
+        "Give up on an upstream request that sends nothing for this long: before its response head, or "
+        "between two reads of its body (a response that streams on is never cut)."))
     drain_timeout_s: float = Field(30.0, ge=0, description="On SIGTERM, wait this long for requests in flight.")
     scrape_interval_s: float = Field(5.0, gt=0, description="How often each upstream's /metrics is scraped.")
     client_keys_env: Optional[str] = Field(

@@ -77,7 +77,8 @@ def usage_from_tail(tail: bytes) -> Optional[dict]:
 class Relay:
     """An upstream response on its way to the client (the upstream connection's ``Sink``)."""
 
-    __slots__ = ("client", "conn", "done", "status", "started", "event_stream", "tail", "added", "replaced")
+    __slots__ = ("client", "conn", "done", "status", "started", "event_stream", "tail", "added", "replaced",
+                 "client_left")
 
     def __init__(self, client: ClientConnection, added: tuple = ()) -> None:
         self.client = client
@@ -91,6 +92,9 @@ class Relay:
         self.started = False
         self.event_stream = False
         self.tail = b""
+        # the response ended because its client hung up (else a failure is the upstream's, even
+        # when the gateway then closes the client's connection to show it the response was cut)
+        self.client_left = False
 
     def head(self, status: int, headers: list, length: Optional[int]) -> None:
         self.status = status
@@ -132,6 +136,7 @@ class Relay:
         if self.conn is not None and self.conn.sink is self:
             self.conn.abort()
         if not self.done.done():
+            self.client_left = True
             self.done.set_result("the client hung up")
 
     def pause(self) -> None:
@@ -330,12 +335,13 @@ class GatewayProxy:
             return
         if failure is not None or relay.status >= 400:
             # the turn did not happen: the session gives its admission back (a retry arrives anew)
-            self._end_session(session, "client_gone" if conn.closed else "failed")
+            self._end_session(session, "client_gone" if relay.client_left else "failed")
             return
         usage = usage_from_tail(relay.tail)
         if usage is not None:
             self.demand.observe(session, body_bytes, usage, text=not isinstance(body.get("prompt"), list))
-        gate.turn_completed(key, clock.now() - admitted_s)
+        if event != "in-session":  # the turn's own request: a parallel call is not a turn (as in process)
+            gate.turn_completed(key, clock.now() - admitted_s)
         if session.final and not session.in_flight:
             self._end_session(session, "final")
 
@@ -413,7 +419,7 @@ class GatewayProxy:
             self.num_in_flight -= 1
             conn.on_pause = conn.on_resume = conn.on_lost = None
         self.metrics.latency.labels(url).observe(loop.time() - sent)
-        if (failure is not None and not conn.closed) or relay.status >= 500:
+        if (failure is not None and not relay.client_left) or relay.status >= 500:
             self.metrics.errors.labels(url).inc()
         if failure is not None and not relay.started and not conn.closed:
             conn.respond(502, error_body(502, f"upstream {url}: {failure}"))

@@ -42,6 +42,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._remaining = 0
         self._keep_alive = True
         self._timer: Optional[asyncio.TimerHandle] = None
+        self._last_data_s = 0.0  # when the last bytes of the response came (the timeout is per silence)
         self._retry: Optional[tuple] = None
         self._head_only = False
 
@@ -68,6 +69,7 @@ class UpstreamConnection(asyncio.Protocol):
             self.transport.close()
             return
         self.received = True
+        self._last_data_s = self.pool.loop.time()
         self._buf = self._buf + data if self._buf else data
         try:
             self._parse()
@@ -201,8 +203,17 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport.write(data)
 
     def timed_out(self, timeout_s: float) -> None:
+        """The timeout is on silence, not on the whole response: a response that streams on is
+        never cut, one that stops for ``timeout_s`` is."""
         self._timer = None
-        self._fail(f"the upstream did not answer within {timeout_s:g} s")
+        if self.received:
+            silent_s = self.pool.loop.time() - self._last_data_s
+            if silent_s < timeout_s:
+                self._timer = self.pool.loop.call_later(timeout_s - silent_s, self.timed_out, timeout_s)
+                return
+            self._fail(f"the upstream sent nothing for {timeout_s:g} s mid-response")
+        else:
+            self._fail(f"the upstream did not answer within {timeout_s:g} s")
         self.transport.abort()
 
     def abort(self) -> None:

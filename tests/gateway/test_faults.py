@@ -52,6 +52,12 @@ def test_an_upstream_that_dies_mid_stream_ends_the_clients_stream_with_the_error
             async with aiohttp.ClientSession() as http:  # the gateway goes on serving
                 up.die_after = None
                 assert (await post(http, gateway_url(gw), completion(10), "t"))[0] == 200
+                async with http.get(gateway_url(gw) + "/metrics") as resp:
+                    text = (await resp.read()).decode()
+            # the upstream's failure, counted as such: not a client that hung up
+            assert f'loadgen_gateway_upstream_errors_total{{upstream="{up.url}"}} 1.0' in text
+            assert 'loadgen_gateway_sessions_ended_total{how="failed"} 1.0' in text
+            assert 'how="client_gone"' not in text
         await up.stop()
 
     run(main())
@@ -255,6 +261,21 @@ def test_a_client_that_expects_100_continue_gets_it_before_sending_its_body():
             writer.write(body)
             assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2.0)).startswith(b"HTTP/1.1 200 OK")
             writer.close()
+        await up.stop()
+
+    run(main())
+
+
+def test_the_request_timeout_cuts_a_silent_upstream_never_one_that_streams_on():
+    async def main():
+        up = await Upstream().start()
+        async with running_gateway([up.url], request_timeout_s=0.3) as gw, aiohttp.ClientSession() as http:
+            up.chunk_delay_s = 0.1  # 8 tokens over 0.8 s: longer than the timeout, never silent that long
+            status, _, body = await post(http, gateway_url(gw), completion(10, 8), "a")
+            assert status == 200 and body.count(b'"token_ids"') == 8 and b"[DONE]" in body
+            up.chunk_delay_s = 0.5  # silent longer than the timeout after the first token
+            data = await raw_exchange(gw.port, head(completion(10, 8), session="b"))
+            assert data.count(b'"token_ids"') == 1 and b"sent nothing for 0.3 s mid-response" in data
         await up.stop()
 
     run(main())

@@ -289,3 +289,26 @@ def test_a_run_start_gives_a_fresh_gate_and_lets_an_earlier_runs_held_request_go
         await up.stop()
 
     run(main())
+
+
+def test_a_request_sent_beside_a_sessions_turn_is_no_turn_of_the_gate():
+    """Parallel calls of one session (a second request while its turn is out) pass the gate
+    without a decision and feed it no completion: the gate sees what the in-process one would."""
+    async def main():
+        up = await Upstream().start()
+        async with running_gateway([up.url], controller="aimd") as gw, aiohttp.ClientSession() as http:
+            calls = []
+            completed = gw.gate.turn_completed
+            gw.gate.turn_completed = lambda key, latency_s: (calls.append(key), completed(key, latency_s))
+            url = gateway_url(gw)
+            up.hold = True
+            turn = asyncio.ensure_future(post(http, url, completion(10), "s"))
+            await wait_until(lambda: len(up.held) == 1)
+            beside = asyncio.ensure_future(post(http, url, completion(12), "s"))
+            await wait_until(lambda: len(up.held) == 2)
+            up.release()
+            assert [(await f)[0] for f in (turn, beside)] == [200, 200]
+            assert calls == ["h:s"]
+        await up.stop()
+
+    run(main())
