@@ -76,7 +76,8 @@ def engine_exposition(proxy) -> bytes:
     one engine: the KV pool the gate computes with (vLLM's ``cache_config_info``, SGLang's
     ``max_total_num_tokens``), requests running and waiting, KV usage (their mean) and the
     prefix-cache and preemption counters, summed, as of each upstream's last scrape (every
-    ``scrape_interval_s``). Nothing before the first scrape."""
+    ``scrape_interval_s``). Nothing before the first scrape; a sum or mean over an upstream whose
+    last scrape failed is unknown and left out."""
     from ..live.server_metrics import SGLANG_METRICS, VLLM_METRICS
 
     scraped = [s for s in (proxy.engine_signals.get(url) for url in proxy.config.upstreams) if s and "server" in s]
@@ -107,8 +108,8 @@ def engine_exposition(proxy) -> bytes:
         if value is not None:
             name = names[key] + ("_total" if kind == "counter" else "")
             lines += [f"# TYPE {names[key]} {kind}", f"{name} {value}"]
-    usage = [s["kv_usage"] for s in scraped if s.get("kv_usage") is not None]
-    if usage:
+    usage = [s.get("kv_usage") for s in scraped]
+    if None not in usage:  # an upstream whose last scrape failed: the mean is unknown
         lines += [f"# TYPE {names['kv_usage']} gauge", f"{names['kv_usage']} {sum(usage) / len(usage)}"]
     return ("\n".join(lines) + "\n").encode()
 

@@ -51,6 +51,9 @@ DROPPED_REQUEST_HEADERS = frozenset(("connection", "keep-alive", "proxy-connecti
                                      "proxy-authorization", "expect"))
 DROPPED_RESPONSE_HEADERS = frozenset(("connection", "keep-alive", "transfer-encoding", "content-length", "trailer",
                                       "upgrade", "proxy-connection"))
+# what an upstream's scrape says of its present state: unknown (None) after a failed scrape
+SCRAPED_GAUGES = ("num_running", "num_waiting", "kv_usage", "prefix_cache_queries_total", "prefix_cache_hits_total",
+                  "num_preemptions_total")
 USAGE_TAIL_BYTES = 64 * 1024  # a response's end, where usage is (vLLM, SGLang: the last event or field)
 # names the upstream that answered a turn request, as serve-sim deployments name their replica, so a
 # live run with engine.replica_header records turns.parquet replica
@@ -491,34 +494,44 @@ class GatewayProxy:
                 self._end_session(session, "idle")
 
     async def _scrape_upstreams(self) -> None:
+        """Each upstream's /metrics every ``scrape_interval_s``, each on its own schedule: one that
+        hangs or fails delays no other's gauges (what the load-aware routers read)."""
         from ..live.raw_http import RawHttpTransport
-        from ..live.server_metrics import parse_metrics
 
         transport = RawHttpTransport()
         try:
-            while True:
-                for url in self.config.upstreams:
-                    signals = self.engine_signals.setdefault(url, {})
-                    try:
-                        code, data = await transport.request("GET", url + "/metrics", None, {}, 10.0)
-                        if code >= 400:
-                            raise ValueError(f"HTTP {code}")
-                        scraped = parse_metrics(data.decode(errors="replace"))
-                    except Exception as exc:  # an upstream that cannot be scraped is a signal, not a failure
-                        signals.update(error=f"{type(exc).__name__}: {exc}"[:200])
-                        continue
-                    m = scraped.metrics
-                    kv = None if math.isnan(m.kv_usage) else m.kv_usage
-                    signals.update(num_running=m.num_running, num_waiting=m.num_waiting, kv_usage=kv,
-                                   scraped_s=self.clock.now(), error=None, server=scraped.server,
-                                   block_size=scraped.block_size, pool_tokens=scraped.pool_tokens,
-                                   prefix_cache_queries_total=m.prefix_cache_queries_total,
-                                   prefix_cache_hits_total=m.prefix_cache_hits_total,
-                                   num_preemptions_total=m.num_preemptions_total)
-                    self.metrics.engine_scraped(url, m.num_running, m.num_waiting, m.kv_usage)
-                await asyncio.sleep(self.config.scrape_interval_s)
+            await asyncio.gather(*(self._scrape_upstream(url, transport) for url in self.config.upstreams))
         finally:
             await transport.close()
+
+    async def _scrape_upstream(self, url: str, transport) -> None:
+        from ..live.server_metrics import parse_metrics
+
+        interval_s = self.config.scrape_interval_s
+        timeout_s = min(10.0, max(interval_s, 1.0))
+        signals = self.engine_signals.setdefault(url, {})
+        while True:
+            try:
+                code, data = await transport.request("GET", url + "/metrics", None, {}, timeout_s)
+                if code >= 400:
+                    raise ValueError(f"HTTP {code}")
+                scraped = parse_metrics(data.decode(errors="replace"))
+            except Exception as exc:  # an upstream that cannot be scraped is a signal, not a failure
+                # its gauges are unknown now, not what they were (its pool and flavour stay known)
+                signals.update({key: None for key in SCRAPED_GAUGES})
+                signals.update(error=f"{type(exc).__name__}: {exc}"[:200])
+                self.metrics.engine_scraped(url, math.nan, math.nan, math.nan)
+            else:
+                m = scraped.metrics
+                kv = None if math.isnan(m.kv_usage) else m.kv_usage
+                signals.update(num_running=m.num_running, num_waiting=m.num_waiting, kv_usage=kv,
+                               scraped_s=self.clock.now(), error=None, server=scraped.server,
+                               block_size=scraped.block_size, pool_tokens=scraped.pool_tokens,
+                               prefix_cache_queries_total=m.prefix_cache_queries_total,
+                               prefix_cache_hits_total=m.prefix_cache_hits_total,
+                               num_preemptions_total=m.num_preemptions_total)
+                self.metrics.engine_scraped(url, m.num_running, m.num_waiting, m.kv_usage)
+            await asyncio.sleep(interval_s)
 
 
 async def read_pool_tokens(urls: list[str]) -> int:

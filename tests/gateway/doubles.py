@@ -32,6 +32,7 @@ class Upstream:
         self.held_by: dict[str, asyncio.Event] = {}  # the last held response of each session
         self.num_cut = 0  # responses whose client (the gateway) went away before their end
         self.num_scrapes = 0
+        self.metrics_fault: Optional[str] = None  # "hang": /metrics never answers; "500": it fails
         self.runner: Optional[web.AppRunner] = None
 
     @property
@@ -49,6 +50,7 @@ class Upstream:
         return self
 
     async def stop(self) -> None:
+        self.metrics_fault = None
         await self.runner.cleanup()
 
     def release(self) -> None:
@@ -60,6 +62,10 @@ class Upstream:
         body = await request.read()
         if request.path == "/metrics":  # the gateway's scrapes, kept apart from the requests it relays
             self.num_scrapes += 1
+            while self.metrics_fault == "hang":  # until told otherwise (stop() does)
+                await asyncio.sleep(0.02)
+            if self.metrics_fault == "500":
+                return web.Response(status=500, text="scrape failed")
             running, waiting, kv_usage = self.gauges
             return web.Response(text='vllm:cache_config_info{block_size="16",num_gpu_blocks="1000"} 1.0\n'
                                      f'vllm:num_requests_running {running}\nvllm:num_requests_waiting {waiting}\n'

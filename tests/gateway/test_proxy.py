@@ -312,3 +312,31 @@ def test_a_request_sent_beside_a_sessions_turn_is_no_turn_of_the_gate():
         await up.stop()
 
     run(main())
+
+
+def test_a_hung_upstream_delays_no_others_scrape_and_a_failed_scrape_reads_unknown():
+    from loadgen.live.server_metrics import parse_metrics
+
+    async def main():
+        ups = [await Upstream(gauges=(3, 1, 0.25)).start(), await Upstream(gauges=(2, 0, 0.75)).start()]
+        ups[1].metrics_fault = "hang"
+        async with running_gateway([u.url for u in ups], scrape_interval_s=0.05, router="llm_d") as gw, \
+                aiohttp.ClientSession() as http:
+            await asyncio.sleep(0.5)
+            assert ups[0].num_scrapes >= 5 and ups[1].num_scrapes == 1  # scraped on, beside the hung one
+            ups[1].metrics_fault = None
+            await wait_until(lambda: gw.engine_signals[ups[1].url].get("num_running") == 2, timeout_s=15)
+            ups[0].metrics_fault = "500"
+            await wait_until(lambda: gw.engine_signals[ups[0].url].get("error") is not None)
+            signals = gw.engine_signals[ups[0].url]
+            assert signals["num_running"] is None and signals["kv_usage"] is None  # not the last good values
+            assert [v.num_running for v in gw.routing.views()] == [-1, 2]  # the router reads it unknown
+            async with http.get(gateway_url(gw) + "/metrics") as resp:
+                text = (await resp.read()).decode()
+            m = parse_metrics(text).metrics
+            assert (m.num_running, m.num_waiting) == (-1, -1)  # a sum over an unknown upstream: left out
+            assert f'loadgen_gateway_upstream_engine{{gauge="num_running",upstream="{ups[0].url}"}} NaN' in text
+        for up in ups:
+            await up.stop()
+
+    run(main())
