@@ -5,7 +5,10 @@ from ``data_received``: no task or queue per chunk, nothing buffered beyond one 
 The sink can pause the connection's reads while its client is slow (``pause``/``resume``).
 Failures reach the sink as ``error(message)``: a refused connection, a reset, a response cut
 short, a malformed head, a timeout. A connection reused from the pool that the engine had
-closed in the meantime (nothing received yet) is retried once on a fresh one.
+closed in the meantime (nothing received yet) is retried once on a fresh one for an idempotent
+method only: a POST the engine may have read before it closed (a crash mid-prefill) is never sent
+twice. A connection idle for longer than ``MAX_IDLE_S`` is not reused at all, so that the race
+with an engine's keep-alive timeout (5 s in vLLM's and SGLang's uvicorn) is rare.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from typing import Optional, Protocol
 from urllib.parse import urlsplit
 
 MAX_HEAD_BYTES = 64 * 1024
+MAX_IDLE_S = 4.0  # below the engines' 5 s keep-alive timeout
+# methods that may be sent twice (RFC 9110 9.2.2): the only ones re-sent on a stale connection
+IDEMPOTENT_PREFIXES = (b"GET ", b"HEAD ", b"OPTIONS ", b"PUT ", b"DELETE ")
 
 
 class Sink(Protocol):
@@ -43,6 +49,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._keep_alive = True
         self._timer: Optional[asyncio.TimerHandle] = None
         self._last_data_s = 0.0  # when the last bytes of the response came (the timeout is per silence)
+        self.idle_since_s = 0.0  # when it went back to the pool
         self._retry: Optional[tuple] = None
         self._head_only = False
 
@@ -242,6 +249,7 @@ class UpstreamPool:
             parts = urlsplit(url)
             self.targets.append((parts.hostname, parts.port or 80, parts.netloc, parts.path.rstrip("/")))
         self.connect_timeout_s = connect_timeout_s
+        self.max_idle_s = MAX_IDLE_S
         self._idle: dict[tuple[str, int], list[UpstreamConnection]] = {}
         self._open: set[UpstreamConnection] = set()
 
@@ -263,10 +271,12 @@ class UpstreamPool:
         key = (host, port)
         idle = self._idle.get(key)
         conn = None
+        now_s = self.loop.time()
         while idle:
             conn = idle.pop()
-            if not conn.closed:
+            if not conn.closed and now_s - conn.idle_since_s <= self.max_idle_s:
                 break
+            self.release(conn, False)  # closed by the engine, or idle long enough that it may be soon
             conn = None
         reused = conn is not None
         if conn is None:
@@ -278,11 +288,13 @@ class UpstreamPool:
                 sink.error(f"cannot connect to upstream {host}:{port} ({type(exc).__name__}: {exc})")
                 return None
             self._open.add(conn)
-        conn.start(data, sink, timeout_s, (index, data, timeout_s) if reused and not retried else None)
+        resend = reused and not retried and data.startswith(IDEMPOTENT_PREFIXES)
+        conn.start(data, sink, timeout_s, (index, data, timeout_s) if resend else None)
         return conn
 
     def release(self, conn: UpstreamConnection, reusable: bool) -> None:
         if reusable:
+            conn.idle_since_s = self.loop.time()
             self._idle.setdefault(conn.key, []).append(conn)
         else:
             conn.closed = True

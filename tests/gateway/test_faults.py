@@ -217,6 +217,7 @@ class OneShotUpstream:
 
     def __init__(self) -> None:
         self.num_answered = 0
+        self.num_posts = 0  # POST heads read, answered or not
 
     async def start(self) -> "OneShotUpstream":
         async def serve(reader, writer):
@@ -225,7 +226,11 @@ class OneShotUpstream:
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
                          % (len(body), b"" if head.startswith(b"HEAD") else body))
             self.num_answered += head.startswith((b"GET /v1", b"HEAD /v1"))
-            await reader.readuntil(b"\r\n\r\n")
+            self.num_posts += head.startswith(b"POST ")
+            await reader.readexactly(int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                                     if b"content-length:" in head.lower() else 0)
+            head = await reader.readuntil(b"\r\n\r\n")  # read, and left unanswered
+            self.num_posts += head.startswith(b"POST ")
             writer.close()
 
         self.server = await asyncio.start_server(serve, "127.0.0.1", 0)
@@ -277,5 +282,27 @@ def test_the_request_timeout_cuts_a_silent_upstream_never_one_that_streams_on():
             data = await raw_exchange(gw.port, head(completion(10, 8), session="b"))
             assert data.count(b'"token_ids"') == 1 and b"sent nothing for 0.3 s mid-response" in data
         await up.stop()
+
+    run(main())
+
+
+def test_a_post_the_engine_read_on_a_stale_connection_is_never_sent_twice():
+    """The engine read the turn and closed the connection without an answer (a crash mid-prefill,
+    or its keep-alive timeout racing the request): the turn fails with 502 and is counted as the
+    upstream's error, never re-sent; a connection idle past max_idle_s is not reused at all."""
+    async def main():
+        up = await OneShotUpstream().start()
+        async with running_gateway([up.url]) as gw, aiohttp.ClientSession() as http:
+            url = gateway_url(gw)
+            assert (await post(http, url, completion(10, stream=False), "a"))[0] == 200
+            assert (await post(http, url, completion(10, stream=False), "b"))[0] == 502
+            assert up.num_posts == 2  # b was read once, and not sent again
+            gw.pool.max_idle_s = 0.05
+            assert (await post(http, url, completion(10, stream=False), "c"))[0] == 200
+            await asyncio.sleep(0.1)  # idle past max_idle_s: d goes on a fresh connection
+            assert (await post(http, url, completion(10, stream=False), "d"))[0] == 200
+            async with http.get(url + "/metrics") as resp:
+                assert f'loadgen_gateway_upstream_errors_total{{upstream="{up.url}"}} 1.0' in (await resp.read()).decode()
+        up.server.close()
 
     run(main())
