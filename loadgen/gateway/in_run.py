@@ -66,4 +66,5 @@ def run_gateway_info(proxy: Optional[GatewayProxy]) -> Optional[dict]:
             "admissions": {how: count(m.admissions, how) for how in ("went", "admitted", "forced")},
             "parks": {queue: count(m.parks, queue) for queue in ("parked", "waiting")},
             "sessions_ended": {how: count(m.sessions_ended, how)
-                               for how in ("final", "idle", "failed", "client_gone", "abandoned", "rejected")}}
+                               for how in ("final", "idle", "failed", "client_gone", "abandoned", "rejected",
+                                           "drained")}}

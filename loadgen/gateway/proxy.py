@@ -81,7 +81,7 @@ class Relay:
     """An upstream response on its way to the client (the upstream connection's ``Sink``)."""
 
     __slots__ = ("client", "conn", "done", "status", "started", "event_stream", "tail", "added", "replaced",
-                 "client_left")
+                 "client_left", "shut_down")
 
     def __init__(self, client: ClientConnection, added: tuple = ()) -> None:
         self.client = client
@@ -98,6 +98,7 @@ class Relay:
         # the response ended because its client hung up (else a failure is the upstream's, even
         # when the gateway then closes the client's connection to show it the response was cut)
         self.client_left = False
+        self.shut_down = False  # the gateway's drain deadline came before the upstream's answer began
 
     def head(self, status: int, headers: list, length: Optional[int]) -> None:
         self.status = status
@@ -142,6 +143,16 @@ class Relay:
             self.client_left = True
             self.done.set_result("the client hung up")
 
+    def shut_down_unanswered(self) -> None:
+        """The drain deadline, before the upstream's answer began: dropped upstream, and the client
+        is told so (503, from ``_forward``) rather than cut without a status."""
+        if self.started or self.done.done():
+            return
+        if self.conn is not None and self.conn.sink is self:
+            self.conn.abort()
+        self.shut_down = True
+        self.done.set_result("the gateway is shutting down")
+
     def pause(self) -> None:
         if self.conn is not None:
             self.conn.pause()
@@ -168,6 +179,11 @@ class GatewayProxy:
         self.num_in_flight = 0  # requests sent upstream and not yet answered
         self.num_open = 0  # requests being handled (parked ones included)
         self.draining = False
+        self.drain_started: Optional[asyncio.Future] = None  # set when the drain starts: parked requests are answered
+        self.relays: set[Relay] = set()  # responses on their way
+        # what the drain did: waiting or parked requests refused (503), requests answered 503 at
+        # the deadline before their answer began, responses cut mid-stream at the deadline
+        self.drain_counts = {"refused_held": 0, "refused_unanswered": 0, "cut_streaming": 0}
         self.pool: Optional[UpstreamPool] = None
         self.server: Optional[asyncio.AbstractServer] = None
         self._tasks: set = set()
@@ -198,6 +214,7 @@ class GatewayProxy:
     # ---------------------------------------------------------------- serving
     async def serve(self, host: Optional[str] = None, port: Optional[int] = None) -> asyncio.AbstractServer:
         loop = asyncio.get_running_loop()
+        self.drain_started = loop.create_future()
         self.pool = UpstreamPool(self.config.upstreams)
         self.server = await loop.create_server(
             lambda: ClientConnection(self.handle, self.config.max_body_bytes, self.connections),
@@ -216,9 +233,14 @@ class GatewayProxy:
         task.add_done_callback(self._tasks.discard)
 
     async def drain(self, timeout_s: Optional[float] = None) -> bool:
-        """Stop accepting, let requests in flight (parked ones too) finish up to ``timeout_s``
-        (wall), then close what is left. True when everything finished in time."""
+        """Stop accepting; answer every parked or waiting request 503 with Retry-After at once (they
+        would wait for admissions a stopping gateway will not make); let the requests sent upstream
+        finish up to ``timeout_s`` (wall). At the deadline, a request whose answer has not begun is
+        answered 503, a response still streaming is cut. True when everything finished in time;
+        ``drain_counts`` says what was refused and cut."""
         self.draining = True
+        if self.drain_started is not None and not self.drain_started.done():
+            self.drain_started.set_result(None)
         if self.server is not None:
             self.server.close()
         timeout_s = self.config.drain_timeout_s if timeout_s is None else timeout_s
@@ -227,6 +249,17 @@ class GatewayProxy:
         while self.num_open and loop.time() < deadline:
             await asyncio.sleep(0.02)
         clean = not self.num_open
+        if not clean:
+            for relay in list(self.relays):
+                if relay.started:
+                    self.drain_counts["cut_streaming"] += 1
+                else:
+                    relay.shut_down_unanswered()
+            # the 503s written before the connections close (a little longer for requests whose
+            # headers were still arriving)
+            settle = loop.time() + 0.5
+            while self.num_open > self.drain_counts["cut_streaming"] and loop.time() < settle:
+                await asyncio.sleep(0.01)
         await self.close()
         return clean
 
@@ -235,7 +268,11 @@ class GatewayProxy:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for conn in list(self.connections):
-            conn.transport.abort()
+            # what was answered is flushed first; a response still streaming is cut
+            if conn.on_lost is None:
+                conn.transport.close()
+            else:
+                conn.transport.abort()
         if self.pool is not None:
             self.pool.close()
         if self.server is not None:
@@ -259,8 +296,12 @@ class GatewayProxy:
             elif self.client_keys is not None and not self._authorized(req):
                 conn.respond(401, error_body(401, "missing or wrong API key (Authorization: Bearer KEY)"))
             elif self.draining:
-                conn._keep_alive = False
-                conn.respond(503, error_body(503, "the gateway is shutting down"))
+                # a session's next turn: it will not be served here, so it gives its admission back
+                key = self.identify.from_headers(req.headers) if path in TURN_PATHS else None
+                session = self.sessions.get(key) if key else None
+                if session is not None and not session.in_flight and session.admission is None:
+                    self._end_session(session, "drained")
+                self._refuse_draining(conn)
             elif req.method == "POST" and path in TURN_PATHS:
                 await self._turn(req, conn)
             elif req.method == "POST" and path in CACHE_RESET_PATHS:
@@ -276,6 +317,11 @@ class GatewayProxy:
                 await self._forward(req, conn, index)
         finally:
             self.num_open -= 1
+
+    def _refuse_draining(self, conn: ClientConnection) -> None:
+        conn._keep_alive = False
+        conn.respond(503, error_body(503, "the gateway is shutting down"),
+                     headers=(("Retry-After", str(self.config.retry_after_s)),))
 
     def _authorized(self, req: Request) -> bool:
         given = req.headers.get("authorization", "")
@@ -338,7 +384,8 @@ class GatewayProxy:
             return
         if failure is not None or relay.status >= 400:
             # the turn did not happen: the session gives its admission back (a retry arrives anew)
-            self._end_session(session, "client_gone" if relay.client_left else "failed")
+            self._end_session(session, "client_gone" if relay.client_left
+                              else "drained" if relay.shut_down else "failed")
             return
         usage = usage_from_tail(relay.tail)
         if usage is not None:
@@ -367,9 +414,15 @@ class GatewayProxy:
         self.metrics.parks.labels(queue).inc()
         parked_s = clock.now()
         timeout = cfg.max_park_s / cfg.time_scale if cfg.max_park_s is not None else None
-        await asyncio.wait((wait, conn.lost), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((wait, conn.lost, self.drain_started), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if session.ended:  # an earlier request of the session failed meanwhile
             conn.respond(502, error_body(502, "the session's earlier request failed while this one waited"))
+            return False
+        if not wait.done() and self.draining and not conn.closed:
+            self.drain_counts["refused_held"] += 1
+            self.metrics.rejected.labels("draining").inc()
+            self._end_session(session, "drained")
+            self._refuse_draining(conn)
             return False
         if not wait.done():
             if conn.closed:
@@ -410,6 +463,7 @@ class GatewayProxy:
         if named:
             added += ((self.config.replica_header or REPLICA_HEADER, str(index)),)
         relay = Relay(conn, added)
+        self.relays.add(relay)
         conn.on_pause, conn.on_resume, conn.on_lost = relay.pause, relay.resume, relay.client_gone
         loop = asyncio.get_running_loop()
         sent = loop.time()
@@ -420,11 +474,15 @@ class GatewayProxy:
             failure = await relay.done
         finally:
             self.num_in_flight -= 1
+            self.relays.discard(relay)
             conn.on_pause = conn.on_resume = conn.on_lost = None
         self.metrics.latency.labels(url).observe(loop.time() - sent)
-        if (failure is not None and not relay.client_left) or relay.status >= 500:
+        if (failure is not None and not relay.client_left and not relay.shut_down) or relay.status >= 500:
             self.metrics.errors.labels(url).inc()
-        if failure is not None and not relay.started and not conn.closed:
+        if relay.shut_down and not conn.closed:
+            self.drain_counts["refused_unanswered"] += 1
+            self._refuse_draining(conn)
+        elif failure is not None and not relay.started and not conn.closed:
             conn.respond(502, error_body(502, f"upstream {url}: {failure}"))
         return failure, relay
 

@@ -74,8 +74,10 @@ async def serve(config: GatewayConfig, quiet: bool = False) -> int:
     print(f"draining: {proxy.num_open} request(s) open, up to {config.drain_timeout_s:g} s",
           file=sys.stderr, flush=True)
     clean = await proxy.drain()
-    print("drained" if clean else f"drain deadline reached: {proxy.num_open} request(s) cut",
-          file=sys.stderr, flush=True)
+    counts = proxy.drain_counts
+    print(("drained" if clean else f"drain deadline reached: {counts['cut_streaming']} request(s) cut mid-response, "
+           f"{counts['refused_unanswered']} answered 503 before their answer began")
+          + f"; {counts['refused_held']} parked or waiting request(s) answered 503 at once", file=sys.stderr, flush=True)
     return 0
 
 

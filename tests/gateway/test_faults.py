@@ -306,3 +306,67 @@ def test_a_post_the_engine_read_on_a_stale_connection_is_never_sent_twice():
         up.server.close()
 
     run(main())
+
+
+def test_a_drain_answers_every_request_parked_streaming_or_departing():
+    """SIGTERM's drain with 50 requests waiting for admission, 10 streaming and 10 sessions between
+    turns: the waiting get 503 + Retry-After at once, the streaming finish, and a departing
+    session's next turn gets 503 and gives its admission back. No request is left without a status."""
+    async def main():
+        up = await Upstream().start()
+        up.chunk_delay_s = 0.01  # a 0.6 s stream
+        async with running_gateway([up.url], controller="session-cap", controller_options={"k": 20, "k_hi": 20},
+                                   retry_after_s=3) as gw, aiohttp.ClientSession() as http:
+            url = gateway_url(gw)
+            for i in range(10):  # admitted, between turns
+                assert (await post(http, url, completion(10), f"d{i}"))[0] == 200
+            departing = [await asyncio.open_connection("127.0.0.1", gw.port) for _ in range(10)]
+            streaming = [asyncio.ensure_future(raw_exchange(gw.port, head(completion(10, 60), f"s{i}")))
+                         for i in range(10)]
+            await wait_until(lambda: gw.gate.num_admitted == 20 and len(up.requests) == 20)
+            waiting = [asyncio.ensure_future(post(http, url, completion(10), f"w{i}")) for i in range(50)]
+            await wait_until(lambda: len(gw.gate.waiting_new) == 50)
+            drained = asyncio.ensure_future(gw.drain(10.0))
+            answers = await asyncio.wait_for(asyncio.gather(*waiting), 1.0)  # at once, not at the deadline
+            assert all(status == 503 and headers["Retry-After"] == "3" for status, headers, _ in answers)
+            for i, (reader, writer) in enumerate(departing):  # the departing sessions' next turns
+                writer.write(head(completion(12), f"d{i}"))
+                data = await asyncio.wait_for(reader.read(), 2.0)
+                assert data.startswith(b"HTTP/1.1 503") and b"Retry-After: 3" in data
+                writer.close()
+            assert gw.gate.num_admitted == 10  # only the streaming sessions hold admissions now
+            assert await drained is True
+            for done in streaming:
+                data = await done
+                assert b"[DONE]" in data and data.endswith(b"0\r\n\r\n")
+            assert gw.drain_counts == {"refused_held": 50, "refused_unanswered": 0, "cut_streaming": 0}
+            assert len(up.requests) == 20  # nothing of the refused went upstream
+        await up.stop()
+
+    run(main())
+
+
+def test_at_the_drain_deadline_an_unanswered_request_gets_503_and_only_a_stream_is_cut():
+    async def main():
+        up = await Upstream().start()
+        up.chunk_delay_s = 0.1  # a 6 s stream
+        async with running_gateway([up.url], retry_after_s=3) as gw:
+            streaming = [asyncio.ensure_future(raw_exchange(gw.port, head(completion(10, 60), f"s{i}")))
+                         for i in range(3)]
+            await wait_until(lambda: len(up.requests) == 3)
+            up.hold = True  # these the engine never answers
+            unanswered = [asyncio.ensure_future(raw_exchange(gw.port, head(completion(10, 4), f"h{i}")))
+                          for i in range(4)]
+            await wait_until(lambda: len(up.held) == 4)
+            assert await gw.drain(0.3) is False
+            for done in streaming:
+                data = await done
+                assert data.startswith(b"HTTP/1.1 200") and b"[DONE]" not in data  # a status, then cut
+            for done in unanswered:
+                data = await done
+                assert data.startswith(b"HTTP/1.1 503") and b"Retry-After: 3" in data
+            assert gw.drain_counts == {"refused_held": 0, "refused_unanswered": 4, "cut_streaming": 3}
+            up.release()
+        await up.stop()
+
+    run(main())
