@@ -43,8 +43,9 @@ class Request:
 
 class ClientConnection(asyncio.Protocol):
     def __init__(self, handler: Callable[[Request, "ClientConnection"], Awaitable[None]], max_body_bytes: int,
-                 connections: set) -> None:
+                 connections: set, on_refused: Optional[Callable[[int], None]] = None) -> None:
         self.handler = handler
+        self.on_refused = on_refused  # a request refused before it could be read (its status)
         self.max_body_bytes = max_body_bytes
         self.connections = connections
         self.transport: Optional[asyncio.Transport] = None
@@ -58,6 +59,12 @@ class ClientConnection(asyncio.Protocol):
         self._chunked = False
         self._keep_alive = True
         self._head: Optional[tuple] = None  # (method, target, headers, keep_alive, length) of a body in transit
+        # the request being handled: the status sent (0: none yet), whether the gateway wrote the
+        # response itself, whether it was sent whole, and a failure the handler named
+        self.sent_status = 0
+        self.own_response = False
+        self.complete = False
+        self.failure: Optional[str] = None
 
     # ------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport) -> None:
@@ -141,6 +148,7 @@ class ClientConnection(asyncio.Protocol):
         self._head = None
         self.busy = True
         self._keep_alive = keep_alive
+        self.sent_status, self.own_response, self.complete, self.failure = 0, False, False, None
         task = asyncio.get_running_loop().create_task(self.handler(Request(method, target, header_list, body,
                                                                            keep_alive), self))
         task.add_done_callback(self._request_done)
@@ -167,6 +175,7 @@ class ClientConnection(asyncio.Protocol):
         for name, value in headers:
             out.append(f"{name}: {value}\r\n")
         self._chunked = length is None
+        self.sent_status = status
         out.append("Transfer-Encoding: chunked\r\n" if length is None else f"Content-Length: {length}\r\n")
         if not self._keep_alive:
             out.append("Connection: close\r\n")
@@ -183,17 +192,23 @@ class ClientConnection(asyncio.Protocol):
             self.transport.write(data)
 
     def finish(self) -> None:
-        if self._chunked and not self.closed:
+        if self.closed:
+            return
+        if self._chunked:
             self.transport.write(b"0\r\n\r\n")
+        self.complete = True
 
     def respond(self, status: int, body: bytes, content_type: str = "application/json",
                 headers: tuple = ()) -> None:
         self.start(status, [("Content-Type", content_type), *headers], len(body))
         self.write(body)
+        self.own_response, self.complete = True, not self.closed
 
     def refuse(self, status: int, message: str) -> None:
         """Answer a request that could not be read, and close (the rest of the stream is unreadable)."""
         self._keep_alive = False
+        if self.on_refused is not None:
+            self.on_refused(status)
         self.respond(status, error_body(status, message))
         self.transport.close()
         self.closed = True

@@ -36,6 +36,11 @@ class GatewayMetrics:
         self.latency = Histogram(p + "upstream_latency_seconds", "From sending a request upstream to its last byte "
                                  "(wall)", ["upstream"], buckets=LATENCY_BUCKETS_S, registry=registry)
         self.sessions_ended = Counter(p + "sessions_ended", "Sessions that ended, by how", ["how"], registry=registry)
+        self.client_requests = Counter(
+            p + "client_requests", "Every request a client sent, once it ended, by outcome: answered (a whole "
+            "response), refused (the gateway's own 4xx/5xx), failed (the upstream's failure: 502, or its response "
+            "cut short), cut (a stream cut at the drain deadline), client_gone (the client hung up first); and the "
+            "status sent (none: no head)", ["outcome", "status"], registry=registry)
         gate = lambda: proxy.gate  # noqa: E731 (the gate is replaced by a reset)
         Gauge(p + "active_sessions", "Admitted sessions", registry=registry).set_function(
             lambda: gate().num_admitted)

@@ -61,6 +61,19 @@ REPLICA_HEADER = "X-Loadgen-Replica"
 PREFIX_HINT_HEADER = "x-loadgen-prefix-tokens"  # the shared-prefix length loadgen's live client sends
 
 
+def request_outcome(conn: ClientConnection) -> str:
+    """How a client's request ended (GatewayMetrics.client_requests)."""
+    if conn.failure == "upstream":
+        return "failed"
+    if conn.failure == "cut":
+        return "cut"
+    if conn.complete:
+        return "refused" if conn.own_response and conn.sent_status >= 400 else "answered"
+    if conn.closed or conn.failure == "client_gone":
+        return "client_gone"
+    return "unanswered"  # never: every path answers or fails the request
+
+
 def usage_from_tail(tail: bytes) -> Optional[dict]:
     """The last ``"usage": {...}`` object in a response's end (a streamed or a whole response)."""
     at = tail.rfind(b'"usage"')
@@ -217,7 +230,8 @@ class GatewayProxy:
         self.drain_started = loop.create_future()
         self.pool = UpstreamPool(self.config.upstreams)
         self.server = await loop.create_server(
-            lambda: ClientConnection(self.handle, self.config.max_body_bytes, self.connections),
+            lambda: ClientConnection(self.handle, self.config.max_body_bytes, self.connections,
+                                     lambda status: self.metrics.client_requests.labels("refused", str(status)).inc()),
             host or self.config.host, self.config.port if port is None else port, backlog=4096)
         self._spawn(self._end_idle_sessions())
         self._spawn(self._scrape_upstreams())
@@ -252,6 +266,7 @@ class GatewayProxy:
         if not clean:
             for relay in list(self.relays):
                 if relay.started:
+                    relay.client.failure = "cut"
                     self.drain_counts["cut_streaming"] += 1
                 else:
                     relay.shut_down_unanswered()
@@ -317,6 +332,7 @@ class GatewayProxy:
                 await self._forward(req, conn, index)
         finally:
             self.num_open -= 1
+            self.metrics.client_requests.labels(request_outcome(conn), str(conn.sent_status or "none")).inc()
 
     def _refuse_draining(self, conn: ClientConnection) -> None:
         conn._keep_alive = False
@@ -479,6 +495,8 @@ class GatewayProxy:
         self.metrics.latency.labels(url).observe(loop.time() - sent)
         if (failure is not None and not relay.client_left and not relay.shut_down) or relay.status >= 500:
             self.metrics.errors.labels(url).inc()
+        if failure is not None and conn.failure is None:  # (a drain's cut is named already)
+            conn.failure = "client_gone" if relay.client_left else "drain" if relay.shut_down else "upstream"
         if relay.shut_down and not conn.closed:
             self.drain_counts["refused_unanswered"] += 1
             self._refuse_draining(conn)

@@ -125,6 +125,17 @@ async def running_gateway(upstreams: list[str], pool_tokens: int = 100_000, clie
         await proxy.close()
 
 
+def client_request_counts(proxy: GatewayProxy) -> dict:
+    """{(outcome, status): n} of the gateway's loadgen_gateway_client_requests_total."""
+    counts = {}
+    for metric in proxy.metrics.registry.collect():
+        if metric.name == "loadgen_gateway_client_requests":
+            for sample in metric.samples:
+                if sample.name.endswith("_total") and sample.value:
+                    counts[(sample.labels["outcome"], sample.labels["status"])] = int(sample.value)
+    return counts
+
+
 def gateway_url(proxy: GatewayProxy) -> str:
     return f"http://127.0.0.1:{proxy.port}"
 

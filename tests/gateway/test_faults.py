@@ -10,7 +10,7 @@ import aiohttp
 import orjson
 import pytest
 
-from tests.gateway.doubles import Upstream, gateway_url, running_gateway, wait_until
+from tests.gateway.doubles import Upstream, client_request_counts, gateway_url, running_gateway, wait_until
 from tests.gateway.test_proxy import completion, post, run
 from tests.servers import free_port
 
@@ -366,6 +366,7 @@ def test_at_the_drain_deadline_an_unanswered_request_gets_503_and_only_a_stream_
                 data = await done
                 assert data.startswith(b"HTTP/1.1 503") and b"Retry-After: 3" in data
             assert gw.drain_counts == {"refused_held": 0, "refused_unanswered": 4, "cut_streaming": 3}
+            await wait_until(lambda: client_request_counts(gw) == {("cut", "200"): 3, ("refused", "503"): 4})
             up.release()
         await up.stop()
 
