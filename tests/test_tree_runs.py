@@ -210,7 +210,6 @@ def test_bad_tree_specs_exit_2_naming_the_field(tmp_path, sessions, engine, mess
 
 
 @pytest.mark.parametrize("engine, message", [
-    ({"kind": "openai", "url": "http://127.0.0.1:9/v1", "gateway": {}}, "engine.gateway: session trees do not run"),
     ({"kind": "serve_sim"}, "engine.kind: session trees replay live against an endpoint"),
 ])
 def test_trees_refuse_the_live_paths_they_do_not_run_on(tmp_path, engine, message):

@@ -32,6 +32,9 @@ class GatewayConfig(_Model):
     controller: str = Field("none", description="Gateway limit: " + ", ".join(sorted(POLICIES)))
     controller_options: dict[str, Any] = Field(default_factory=dict, description="The limit's constants.")
     control_start_s: float = Field(0.0, ge=0, description="The limit switches on here (gateway clock); 'none' before.")
+    tree_policy: Literal["sessions", "trees"] = Field("sessions", description=(
+        "Session trees (a child names its parent in x-dynamo-parent-session-id): 'trees' admits a child of an "
+        "admitted session on arrival, 'sessions' queues it as a new session."))
     router: str = Field(DEFAULT_ROUTER, description="How each turn request picks its upstream: "
                         + ", ".join(ROUTER_NAMES) + " (docs/gateway.md#several-upstreams).")
     router_options: dict[str, Any] = Field(default_factory=dict, description="The router's knobs "

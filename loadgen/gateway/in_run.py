@@ -37,7 +37,8 @@ async def start_run_gateway(via: ViaGatewaySpec, upstream: Union[str, list[str]]
     config = GatewayConfig(upstreams=upstreams, router=router, router_options=router_options or {},
                            replica_header=replica_header,
                            controller=ctl.name, controller_options=ctl.params,
-                           control_start_s=ctl.start_s, listen=f"{host}:0", pool_tokens=pool_tokens or "auto",
+                           control_start_s=ctl.start_s, tree_policy=ctl.tree_policy, listen=f"{host}:0",
+                           pool_tokens=pool_tokens or "auto",
                            session_headers=[session_header or SESSION_HEADER], max_park_s=via.max_park_s,
                            on_max_park=via.on_max_park, idle_timeout_s=via.idle_timeout_s,
                            request_timeout_s=request_timeout_s, time_scale=time_scale)

@@ -59,6 +59,7 @@ USAGE_TAIL_BYTES = 64 * 1024  # a response's end, where usage is (vLLM, SGLang: 
 # live run with engine.replica_header records turns.parquet replica
 REPLICA_HEADER = "X-Loadgen-Replica"
 PREFIX_HINT_HEADER = "x-loadgen-prefix-tokens"  # the shared-prefix length loadgen's live client sends
+PARENT_HEADER = "x-dynamo-parent-session-id"  # a session tree's child names its parent (Dynamo's header)
 
 
 def request_outcome(conn: ClientConnection) -> str:
@@ -365,12 +366,16 @@ class GatewayProxy:
         if session is None:
             session = self.sessions[key] = GatewaySession(key, clock.now())
             demand = self.demand.demand_tokens(body, body_bytes, session)
+            self._child_arrives(session, req.headers.get(PARENT_HEADER))
             event, wait = "arrive", gate.arrive(key, demand)
         elif session.admission is not None:  # the session waits already: this request waits with it
             demand, wait = -1, session.admission
         elif session.in_flight:  # a second request while one is out: not a turn boundary
             demand, wait = -1, None
         else:
+            if session.joining:  # its next turn: whatever it waited for, it waits no more
+                session.joining = False
+                gate.join_ended(key)
             demand = self.demand.demand_tokens(body, body_bytes, session)
             event, wait = "turn", gate.before_turn(key, demand)
         if req.headers.get(self.final_header, "").lower() in ("1", "true", "yes"):
@@ -410,6 +415,8 @@ class GatewayProxy:
             gate.turn_completed(key, clock.now() - admitted_s)
         if session.final and not session.in_flight:
             self._end_session(session, "final")
+        elif session.children and not session.in_flight:
+            self._join_started(session)
 
     def _route_request(self, key: str, body: dict, body_bytes: int, req: Request,
                        session: GatewaySession) -> RouteRequest:
@@ -548,12 +555,42 @@ class GatewayProxy:
         body = {"upstreams": len(answers), "done": len(answers) - len(failed), "failed": failed}
         conn.respond(failed[0]["status"] if failed else 200, orjson.dumps(body))
 
+    def _child_arrives(self, session: GatewaySession, parent_value: Optional[str]) -> None:
+        """A new session that names its parent: the parent's child while it runs, admitted on
+        arrival with ``tree_policy: trees`` when the parent is admitted; the parent, between turns,
+        now waits for it as far as the gate can tell."""
+        parent = self.sessions.get("h:" + parent_value) if parent_value else None
+        if parent is None:
+            return
+        session.parent = parent.key
+        parent.children = (parent.children or set()) | {session.key}
+        if self.config.tree_policy == "trees" and parent.key in self.gate.active:
+            self.gate.admit_on_arrival.add(session.key)
+        if not parent.in_flight and parent.admission is None:
+            self._join_started(parent)
+
+    def _join_started(self, session: GatewaySession) -> None:
+        """An admitted session between turns with children running: for the liveness rule it waits
+        at a join (Gateway.join_started), until its next request or its last child's end."""
+        if not session.joining and session.key in self.gate.active:
+            session.joining = True
+            self.gate.join_started(session.key)
+
     def _end_session(self, session: GatewaySession, how: str) -> None:
         if session.ended:
             return
         session.ended = True
         if self.sessions.get(session.key) is session:
             del self.sessions[session.key]
+        if session.joining:
+            self.gate.join_ended(session.key)
+        parent = self.sessions.get(session.parent) if session.parent else None
+        if parent is not None and parent.children:
+            parent.children.discard(session.key)
+            if not parent.children and parent.joining:  # the last child is back: the join is over
+                parent.joining = False
+                self.gate.join_ended(parent.key)
+        self.gate.admit_on_arrival.discard(session.key)
         self.gate.session_ended(session.key)
         self.metrics.sessions_ended.labels(how).inc()
         log.debug("session end t=%.3f session=%s how=%s", self.clock.now(), session.key[:14], how)

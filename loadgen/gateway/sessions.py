@@ -42,6 +42,12 @@ class GatewaySession:
     body_bytes: int = 0  # the last request body's size
     final: bool = False  # the client said this is its last turn (x-dynamo-session-final)
     ended: bool = False
+    # session trees: the session that spawned or forked this one (x-dynamo-parent-session-id), the
+    # children still running, and whether it counts as waiting for them at a join (between turns
+    # with children running: the gateway cannot tell a join from think time)
+    parent: Optional[str] = None
+    children: Optional[set] = None
+    joining: bool = False
 
 
 def _digest(kind: bytes, data: bytes) -> str:

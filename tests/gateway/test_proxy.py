@@ -340,3 +340,50 @@ def test_a_hung_upstream_delays_no_others_scrape_and_a_failed_scrape_reads_unkno
             await up.stop()
 
     run(main())
+
+
+@pytest.mark.parametrize("tree_policy", ["trees", "sessions"])
+def test_a_tree_behind_the_proxy_admits_its_child_by_the_tree_policy_and_never_deadlocks(tree_policy):
+    """One place (session-cap k=1), taken by a parent between turns: its child, which names it in
+    x-dynamo-parent-session-id, is admitted on arrival under tree_policy trees; under sessions it
+    queues, and the liveness rule lets it in (its parent waits for it: nobody admitted can end a turn)."""
+    async def main():
+        up = await Upstream().start()
+        async with running_gateway([up.url], controller="session-cap", controller_options={"k": 1, "k_hi": 1},
+                                   tree_policy=tree_policy) as gw, aiohttp.ClientSession() as http:
+            url = gateway_url(gw)
+            assert (await post(http, url, completion(10), "p"))[0] == 200
+            child = post(http, url, completion(10, first=5), "c",
+                         headers={"x-dynamo-parent-session-id": "p", "x-dynamo-session-final": "true"})
+            assert (await asyncio.wait_for(child, 2.0))[0] == 200  # no deadlock
+            assert gw.sessions["h:p"].children == set() and not gw.sessions["h:p"].joining
+            assert not gw.gate.joining and "h:c" not in gw.sessions
+            unrelated = asyncio.ensure_future(post(http, url, completion(10, first=9), "q"))
+            await wait_until(lambda: len(gw.gate.waiting_new) == 1)  # p holds the one place, thinking
+            assert (await post(http, url, completion(12), "p", headers={"x-dynamo-session-final": "true"}))[0] == 200
+            assert (await unrelated)[0] == 200
+        await up.stop()
+
+    run(main())
+
+
+@pytest.mark.parametrize("tree_policy", ["trees", "sessions"])
+def test_a_child_waits_like_a_new_session_only_under_tree_policy_sessions(tree_policy):
+    async def main():
+        up = await Upstream().start()
+        async with running_gateway([up.url], controller="session-cap", controller_options={"k": 2, "k_hi": 2},
+                                   tree_policy=tree_policy) as gw, aiohttp.ClientSession() as http:
+            url = gateway_url(gw)
+            for name in ("p", "q"):  # both places taken; q, no parent, can end a turn
+                assert (await post(http, url, completion(10, first=len(name)), name))[0] == 200
+            child = asyncio.ensure_future(post(http, url, completion(10, first=5), "c",
+                                               headers={"x-dynamo-parent-session-id": "p"}))
+            if tree_policy == "sessions":
+                await wait_until(lambda: len(gw.gate.waiting_new) == 1)
+                assert not child.done()
+                await post(http, url, completion(12, first=2), "q", headers={"x-dynamo-session-final": "true"})
+            assert (await asyncio.wait_for(child, 2.0))[0] == 200
+            assert gw.metrics.parks.labels("waiting")._value.get() == (0 if tree_policy == "trees" else 1)
+        await up.stop()
+
+    run(main())

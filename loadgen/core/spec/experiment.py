@@ -288,9 +288,6 @@ def _check_trees(spec: "ExperimentSpec") -> None:
         return
     if not isinstance(spec.engine, SimEngineSpec):
         # live: a fork resends its parent's exact ids or messages (loadgen/core/tree_runtime.py)
-        if spec.engine.gateway is not None:
-            raise ValueError("engine.gateway: session trees do not run behind the loadgen gateway proxy yet (its "
-                             "gate does not know which parents wait for their children)")
         if spec.engine.kind != "openai":
             raise ValueError(f"engine.kind: session trees replay live against an endpoint (kind openai, e.g. a "
                              f"serve-sim or vLLM server you started); launched engines (kind {spec.engine.kind!r}, "
