@@ -31,6 +31,9 @@ def add_gateway_parser(sub) -> None:
                          f"{DEFAULT_ROUTER}: a session keeps one upstream; the others: docs/deployments.md)")
     gw.add_argument("--router-option", action="append", default=[], metavar="K=V",
                     help="a knob of the router, e.g. balance_abs_threshold=32 (repeatable)")
+    gw.add_argument("--scope", choices=("deployment", "replica"),
+                    help="deployment (default): one limit over the upstreams' pools summed; replica: a limit per "
+                         "upstream over its own pool, the router asked first")
     gw.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:9000)")
     gw.add_argument("--pool-tokens", help="KV pool C in tokens, or auto (read from the upstreams, the default)")
     gw.add_argument("--session-header", action="append", metavar="NAME",
@@ -64,7 +67,7 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         pool = int(pool) if pool.lstrip("-").isdigit() else pool
     config = load_config(args.config, {
         "upstreams": args.upstream, "controller": controller, "controller_options": options,
-        "control_start_s": args.control_start_s, "router": args.router,
+        "control_start_s": args.control_start_s, "scope": args.scope, "router": args.router,
         "router_options": dict(parse_option(o, "--router-option") for o in args.router_option), "listen": args.listen,
         "pool_tokens": pool, "session_headers": args.session_header, "idle_timeout_s": args.idle_timeout_s,
         "max_park_s": args.max_park_s, "on_max_park": args.on_max_park, "time_scale": args.time_scale})

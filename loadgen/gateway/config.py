@@ -32,6 +32,9 @@ class GatewayConfig(_Model):
     controller: str = Field("none", description="Gateway limit: " + ", ".join(sorted(POLICIES)))
     controller_options: dict[str, Any] = Field(default_factory=dict, description="The limit's constants.")
     control_start_s: float = Field(0.0, ge=0, description="The limit switches on here (gateway clock); 'none' before.")
+    scope: Literal["deployment", "replica"] = Field("deployment", description=(
+        "deployment: one limit over the upstreams' pools summed; replica: a limit per upstream over its own pool, "
+        "the router asked first at each turn boundary (docs/gateway.md#a-budget-per-upstream)."))
     tree_policy: Literal["sessions", "trees"] = Field("sessions", description=(
         "Session trees (a child names its parent in x-dynamo-parent-session-id): 'trees' admits a child of an "
         "admitted session on arrival, 'sessions' queues it as a new session."))
@@ -139,6 +142,9 @@ class GatewayConfig(_Model):
                 make_upstream_router(self.router, self.router_options)
             except ValueError as exc:
                 raise ValueError(f"router_options: {exc}") from None
+        if self.scope == "replica" and len(self.upstreams) < 2:
+            raise ValueError("scope: replica gives each upstream a limit of its own; with one upstream it is "
+                             "scope deployment (give several --upstream)")
         return self
 
     @property

@@ -37,6 +37,7 @@ from .metrics import GatewayMetrics, engine_exposition, status
 from .sessions import DemandEstimator, GatewaySession, SessionIdentifier
 from .upstream import UpstreamPool
 from .upstream_choice import UpstreamRouting, make_upstream_router, sticky_hash
+from .upstream_gates import UpstreamGates
 
 log = logging.getLogger("loadgen.gateway")
 
@@ -180,9 +181,14 @@ class GatewayProxy:
     """The gate, the sessions and the upstreams of one gateway; ``serve`` listens, ``drain`` stops."""
 
     def __init__(self, config: GatewayConfig, pool_tokens: int, clock: Optional[WallClock] = None,
-                 client_keys: Optional[list[str]] = None, upstream_key: Optional[str] = None) -> None:
+                 client_keys: Optional[list[str]] = None, upstream_key: Optional[str] = None,
+                 upstream_pools: Optional[list[int]] = None) -> None:
         self.config = config
         self.pool_tokens = pool_tokens
+        # scope replica: each upstream's pool (read from each, or the pool given split evenly)
+        self.per_upstream = config.scope == "replica"
+        n = len(config.upstreams)
+        self.upstream_pools = list(upstream_pools) if upstream_pools else [pool_tokens // n] * n
         self.identify = SessionIdentifier(config.session_headers, config.fingerprint_tokens)
         self.demand = DemandEstimator(config.default_output_tokens)
         self.client_keys = [k.encode() for k in client_keys] if client_keys else None
@@ -208,8 +214,12 @@ class GatewayProxy:
         """A fresh gate and session table on ``clock`` (an experiment's run starts at its t=0)."""
         self.clock = clock
         ctl = self.config
-        self.gate = Gateway(clock, make_policy(ctl.controller, **ctl.controller_options), self.pool_tokens,
-                            ctl.control_start_s)
+        if self.per_upstream:  # scope replica: a gate per upstream over its own pool
+            self.gate = UpstreamGates(clock, lambda: make_policy(ctl.controller, **ctl.controller_options),
+                                      self.upstream_pools, ctl.control_start_s)
+        else:
+            self.gate = Gateway(clock, make_policy(ctl.controller, **ctl.controller_options), self.pool_tokens,
+                                ctl.control_start_s)
         self.sessions: dict[str, GatewaySession] = {}
         urls = ctl.upstreams
         self.routing = UpstreamRouting(make_upstream_router(ctl.router, ctl.router_options), len(urls),
@@ -363,11 +373,17 @@ class GatewayProxy:
         session = self.sessions.get(key)
         body_bytes = len(req.body)
         event = "in-session"
+        routing = self.routing
+        # scope replica: a turn boundary is routed first, and waits at its upstream's gate
+        pinned: tuple = ()
         if session is None:
             session = self.sessions[key] = GatewaySession(key, clock.now())
             demand = self.demand.demand_tokens(body, body_bytes, session)
             self._child_arrives(session, req.headers.get(PARENT_HEADER))
-            event, wait = "arrive", gate.arrive(key, demand)
+            route = self._route_request(key, body, body_bytes, req, session)
+            if self.per_upstream:
+                pinned = (routing.choose(route, clock.now()),)
+            event, wait = "arrive", gate.arrive(key, demand, *pinned)
         elif session.admission is not None:  # the session waits already: this request waits with it
             demand, wait = -1, session.admission
         elif session.in_flight:  # a second request while one is out: not a turn boundary
@@ -377,7 +393,12 @@ class GatewayProxy:
                 session.joining = False
                 gate.join_ended(key)
             demand = self.demand.demand_tokens(body, body_bytes, session)
-            event, wait = "turn", gate.before_turn(key, demand)
+            route = self._route_request(key, body, body_bytes, req, session)
+            if self.per_upstream:
+                pinned = (routing.choose(route, clock.now()),)
+            event, wait = "turn", gate.before_turn(key, demand, *pinned)
+        if event == "in-session":
+            route = self._route_request(key, body, body_bytes, req, session)
         if req.headers.get(self.final_header, "").lower() in ("1", "true", "yes"):
             session.final = True
         if log.isEnabledFor(logging.DEBUG):
@@ -386,6 +407,8 @@ class GatewayProxy:
                       gate.num_admitted, gate.demand_tokens, len(gate.parked), len(gate.waiting_new), gate.limit())
         if wait is not None:
             if not await self._park(session, wait, conn, "waiting" if event == "arrive" else "parked"):
+                if pinned:
+                    routing.finished(pinned[0], route, clock.now())
                 return
         else:
             self.metrics.admissions.labels("went").inc()
@@ -393,8 +416,7 @@ class GatewayProxy:
         held_s = admitted_s - arrived_s if wait is not None else 0.0
         session.in_flight += 1
         # routed per request, after admission (the router sits behind the gate): a router may move a session
-        routing, route = self.routing, self._route_request(key, body, body_bytes, req, session)
-        index = routing.choose(route, admitted_s)
+        index = pinned[0] if pinned else routing.choose(route, admitted_s)
         try:
             failure, relay = await self._forward(req, conn, index, turn=True, held_s=held_s)
         finally:

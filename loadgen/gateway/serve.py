@@ -40,20 +40,28 @@ def progress_line(proxy: GatewayProxy) -> str:
 
 async def serve(config: GatewayConfig, quiet: bool = False) -> int:
     client_keys, upstream_key = keys_from_env(config)
+    upstream_pools = None
     if config.pool_tokens == "auto":
         try:
-            pool_tokens = await read_pool_tokens(config.upstreams)
+            if config.scope == "replica":  # each upstream's own pool, for its own limit
+                upstream_pools = [await read_pool_tokens([url]) for url in config.upstreams]
+                pool_tokens = sum(upstream_pools)
+            else:
+                pool_tokens = await read_pool_tokens(config.upstreams)
         except ValueError as exc:
             raise SpecError(str(exc)) from None
     else:
         pool_tokens = config.pool_tokens
-    proxy = GatewayProxy(config, pool_tokens, client_keys=client_keys, upstream_key=upstream_key)
+    proxy = GatewayProxy(config, pool_tokens, client_keys=client_keys, upstream_key=upstream_key,
+                         upstream_pools=upstream_pools)
     try:
         await proxy.serve()
     except OSError as exc:
         raise SpecError(f"listen: cannot listen on {config.listen} ({exc.strerror})") from None
     print(f"loadgen gateway on http://{config.listen} -> {', '.join(config.upstreams)}; controller "
-          f"{config.controller}, pool {pool_tokens} tokens", file=sys.stderr, flush=True)
+          f"{config.controller}, pool {pool_tokens} tokens"
+          + (f" (a limit per upstream: {', '.join(map(str, proxy.upstream_pools))})" if proxy.per_upstream else ""),
+          file=sys.stderr, flush=True)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -201,7 +201,8 @@ def test_a_bad_config_exits_2_naming_the_field_without_a_traceback(tmp_path):
     bad = tmp_path / "g.yaml"
     bad.write_text("upstreams: [http://127.0.0.1:1]\nidle_timeout_s: -3\nmax_park_s: soon\n")
     for args in (["--config", str(bad)], ["--upstream", "http://127.0.0.1:1", "--router", "magic"],
-                 ["--upstream", "http://127.0.0.1:1", "--controller", "nope"]):
+                 ["--upstream", "http://127.0.0.1:1", "--controller", "nope"],
+                 ["--upstream", "http://127.0.0.1:1", "--scope", "replica"]):
         proc = subprocess.run([sys.executable, "-m", "loadgen.cli", "gateway", *args], capture_output=True, text=True,
                               timeout=60)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr

@@ -190,3 +190,34 @@ def test_an_unknown_router_or_knob_exits_2_listing_the_valid_ones():
     assert "router_options" in proc.stderr and "cache_threshold" in proc.stderr
     proc = _gateway_cli("--router", "round_robin", "--router-option", "x")
     assert proc.returncode == 2 and "--router-option" in proc.stderr
+
+
+@pytest.mark.parametrize("scope", ["deployment", "replica"])
+def test_scope_replica_gives_each_upstream_its_own_budget(scope):
+    """Two upstreams of 1,000 tokens, the budgeter (0.75 C): two 604-token sessions hashed to the
+    same upstream fit the deployment's 1,500 but not that upstream's 750, so with scope replica the
+    second waits there, while a session hashed to the other upstream goes at once."""
+    from loadgen.gateway.upstream_choice import sticky_hash
+
+    def keys_on(index: int, n: int) -> list[str]:
+        return [k for k in (f"k{i}" for i in range(100)) if sticky_hash("h:" + k, 2) == index][:n]
+
+    async def main():
+        ups = [await Upstream().start(), await Upstream().start()]
+        async with running_gateway([u.url for u in ups], pool_tokens=2000, controller="budgeter",
+                                   scope=scope) as gw, aiohttp.ClientSession() as http:
+            url = gateway_url(gw)
+            (a, b), (c,) = keys_on(0, 2), keys_on(1, 1)
+            assert (await post(http, url, completion(600, 4), a))[0] == 200
+            second = asyncio.ensure_future(post(http, url, completion(600, 4, first=3), b))
+            if scope == "replica":
+                await wait_until(lambda: len(gw.gate.waiting_new) == 1)
+                assert (await post(http, url, completion(600, 4, first=5), c))[0] == 200  # its own upstream's budget
+                assert not second.done() and gw.gate.limit() == 1500.0 and gw.gate.pool_tokens == 2000
+                await post(http, url, completion(610, 4), a, headers={"x-dynamo-session-final": "true"})
+            assert (await asyncio.wait_for(second, 2.0))[0] == 200
+            assert len(ups[0].requests) == (3 if scope == "replica" else 2)  # b went where it was routed
+        for up in ups:
+            await up.stop()
+
+    asyncio.run(main())
