@@ -150,6 +150,25 @@ def test_preflight_reads_model_pool_and_checks_cache_reports():
     assert info["prompt_mode"] == "token_ids"
 
 
+def test_a_gateway_whose_clock_runs_at_another_scale_is_refused():
+    base = _server()
+
+    def handler(method, path, body):
+        if path == "/loadgen/lag":  # loadgen gateway in front of a real engine: its own clock's scale only
+            return MockResponse(json={"gateway_time_scale": 1.0})
+        return base(method, path, body)
+
+    async def go(run_scale):
+        client = OpenAIEngineClient(WallClock(run_scale), EndpointOptions(url="http://engine:8000"),
+                                    MockTransport(handler))
+        return await client.preflight()
+
+    assert run(go(1.0))["warnings"] == []
+    with pytest.raises(PreflightError, match=r"loadgen gateway whose clock runs at time_scale 1, and this run's "
+                                             r"time scale is 30.*start the gateway with --time-scale 30"):
+        run(go(30.0))
+
+
 def test_a_specs_simulated_pool_is_used_or_refused_never_dropped():
     """loadgen run SPEC --endpoint: the pool the spec's simulated engine had is the pool of an
     endpoint that reports none, and an endpoint that reports another is refused, naming both and

@@ -30,7 +30,7 @@ from routers import RouteRequest
 
 from ..core.clock import WallClock
 from ..core.gateway import Gateway
-from ..live.http_client import GATEWAY_RUN_START_PATH, GATEWAY_WAIT_HEADER
+from ..live.http_client import GATEWAY_RUN_START_PATH, GATEWAY_WAIT_HEADER, LAG_PATH
 from .config import SESSION_FINAL_HEADER, GatewayConfig
 from .http_server import ClientConnection, Request, error_body
 from .metrics import GatewayMetrics, engine_exposition, status
@@ -337,6 +337,8 @@ class GatewayProxy:
                 conn.respond(200, orjson.dumps({"clock_s": self.clock.now(), "controller": self.config.controller}))
             elif req.method == "GET" and path in SERVER_INFO_PATHS:
                 await self._server_info(req, conn)
+            elif req.method == "GET" and path == LAG_PATH:
+                await self._lag(req, conn)
             else:
                 key = self.identify.from_headers(req.headers)
                 index = sticky_hash(key, len(self.config.upstreams)) if key else 0
@@ -566,6 +568,17 @@ class GatewayProxy:
             info["max_total_num_tokens"] = int(self.gate.pool_tokens)
             data = orjson.dumps(info)
         conn.respond(code, data)
+
+    async def _lag(self, req: Request, conn: ClientConnection) -> None:
+        """serve-sim's time scale and lateness from the first upstream (a real engine has none),
+        with the gateway's own clock's scale beside them, which a run checks against its own."""
+        ((code, data),) = await self._ask_upstreams(req, self.config.upstreams[:1])
+        try:
+            info = orjson.loads(data) if code < 300 else {}
+        except orjson.JSONDecodeError:
+            info = {}
+        info = info if isinstance(info, dict) else {}
+        conn.respond(200, orjson.dumps({**info, "gateway_time_scale": self.config.time_scale}))
 
     async def _reset_every_upstream(self, req: Request, conn: ClientConnection) -> None:
         """A prefix-cache reset sent on to every upstream at once; 200 when every one did it, else

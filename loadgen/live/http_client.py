@@ -486,6 +486,13 @@ class OpenAIEngineClient:
         if run_scale is None:
             run_scale = getattr(self.clock, "time_scale", 1.0)
         data = await self._lag_report()
+        gateway_scale = (data or {}).get("gateway_time_scale")
+        if isinstance(gateway_scale, (int, float)) and not math.isclose(gateway_scale, run_scale, rel_tol=1e-9):
+            raise PreflightError(
+                f"{self.base} is a loadgen gateway whose clock runs at time_scale {gateway_scale:g}, and this run's "
+                f"time scale is {run_scale:g}: its limit's start and its park times would be off by "
+                f"{run_scale / gateway_scale:.3g}x in run time; start the gateway with --time-scale {run_scale:g}, or "
+                f"run with --time-scale {gateway_scale:g}")
         try:
             server_scale = float(data["time_scale"]) if data is not None else None
         except (KeyError, TypeError, ValueError):  # not serve-sim's answer: nothing said

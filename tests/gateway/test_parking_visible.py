@@ -69,6 +69,10 @@ def test_a_run_through_a_gateway_of_its_own_needs_only_the_url_and_starts_its_cl
                            url, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(3.0)  # 180 s of the gateway's clock: without the run's start, control would be on at its 120 s
+        wrong = subprocess.run([sys.executable, "-m", "loadgen.cli", "run", str(spec), "--endpoint", url,
+                                "--time-scale", "30", "--out", str(tmp_path / "wrong"), "--quiet"],
+                               capture_output=True, text=True, timeout=120)
+        assert wrong.returncode == 2 and "loadgen gateway whose clock runs at time_scale 60" in wrong.stderr
         proc = subprocess.run([sys.executable, "-m", "loadgen.cli", "run", str(spec), "--endpoint", url,
                                "--time-scale", "60", "--out", str(tmp_path / "out"), "--no-figures", "--quiet"],
                               capture_output=True, text=True, timeout=300)

@@ -25,6 +25,7 @@ def test_a_live_run_through_the_gateways_router_records_the_replica_of_every_tur
     gateway = None
     try:
         gateway = start_server([sys.executable, "-m", "loadgen.cli", "gateway", "--quiet", "--router", "consistent_hash",
+                                "--time-scale", str(TIME_SCALE),  # the run's: its preflight checks it
                                 "--listen", f"127.0.0.1:{port}", *[a for e in engines for a in ("--upstream", e.url)]],
                                url, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         info = run_live(live_spec(url, session_header=HEADER, replica_header="X-Loadgen-Replica",
