@@ -8,19 +8,20 @@ upstream's sessions and pool (as ``controller.scope: replica`` in the simulator,
 loadgen/core/replica_gates.py). A session the router moves to another upstream leaves its old
 gate and arrives at the new one as a new session.
 
-``UpstreamGates`` answers the proxy's calls by session and reads as one gate to the metrics and
-``/status`` (sums over the upstreams' gates; the limit is the limits summed).
+``UpstreamGates`` answers the proxy's calls by session (the gates and their bookkeeping are
+``core.replica_gates.GatePerReplica``'s) and reads as one gate to the metrics and ``/status``
+(sums over the upstreams' gates; the limit is the limits summed).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Optional, Sequence
 
 from controllers import Policy
 
 from ..core.clock import Clock
 from ..core.gateway import Gateway
+from ..core.replica_gates import GatePerReplica
 
 
 class _EveryGate:
@@ -48,35 +49,20 @@ class _Admitted:
         return any(session in gate.active for gate in self.gates)
 
 
-class UpstreamGates:
+class UpstreamGates(GatePerReplica):
     def __init__(self, clock: Clock, make_policy: Callable[[], Policy], pools: Sequence[int],
                  control_start_s: float) -> None:
+        super().__init__(clock, [make_policy() for _ in pools], pools, control_start_s)
         self.clock = clock
-        self.gates = [Gateway(clock, make_policy(), pool, control_start_s) for pool in pools]
-        self.gate_of: dict[Any, int] = {}
         self.admit_on_arrival = _EveryGate(self.gates)
         self.active = _Admitted(self.gates)
 
     # ---------------------------------------------------------------- by session
     def arrive(self, session: Any, demand_tokens: int, index: int) -> Optional[Any]:
-        self.gate_of[session] = index
-        return self.gates[index].arrive(session, demand_tokens)
+        return self.arrive_at(index, session, demand_tokens)
 
     def before_turn(self, session: Any, demand_tokens: int, index: int) -> Optional[Any]:
-        old = self.gate_of[session]
-        if index == old:
-            return self.gates[index].before_turn(session, demand_tokens)
-        self.gates[old].session_ended(session)
-        self.gate_of[session] = index
-        return self.gates[index].arrive(session, demand_tokens)
-
-    def turn_completed(self, session: Any, latency_s: float) -> None:
-        self.gates[self.gate_of[session]].turn_completed(session, latency_s)
-
-    def session_ended(self, session: Any) -> None:
-        index = self.gate_of.pop(session, None)
-        if index is not None:
-            self.gates[index].session_ended(session)
+        return self.turn_at(index, session, demand_tokens)
 
     def admit_now(self, session: Any) -> bool:
         return self.gates[self.gate_of[session]].admit_now(session)
@@ -89,11 +75,7 @@ class UpstreamGates:
         if index is not None:
             self.gates[index].join_ended(session)
 
-    # ---------------------------------------------------------------- as one gate
-    @property
-    def num_admitted(self) -> int:
-        return sum(gate.num_admitted for gate in self.gates)
-
+    # ---------------------------------------------------------------- as one gate (num_admitted, limit: inherited)
     @property
     def demand_tokens(self) -> int:
         return sum(gate.demand_tokens for gate in self.gates)
@@ -117,8 +99,3 @@ class UpstreamGates:
     @property
     def control_on(self) -> bool:
         return all(gate.control_on for gate in self.gates)
-
-    def limit(self) -> float:
-        """The upstreams' limits summed (NaN before control starts)."""
-        limits = [gate.limit() for gate in self.gates]
-        return math.nan if any(math.isnan(x) for x in limits) else math.fsum(limits)
