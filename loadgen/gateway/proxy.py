@@ -198,7 +198,6 @@ class GatewayProxy:
         self.connections: set[ClientConnection] = set()
         self.num_in_flight = 0  # requests sent upstream and not yet answered
         self.num_open = 0  # requests being handled (parked ones included)
-        self.draining = False
         self.drain_started: Optional[asyncio.Future] = None  # set when the drain starts: parked requests are answered
         self.relays: set[Relay] = set()  # responses on their way
         # what the drain did: waiting or parked requests refused (503), requests answered 503 at
@@ -224,6 +223,10 @@ class GatewayProxy:
         urls = ctl.upstreams
         self.routing = UpstreamRouting(make_upstream_router(ctl.router, ctl.router_options), len(urls),
                                        lambda i: self.engine_signals.get(urls[i], {}))
+
+    @property
+    def draining(self) -> bool:
+        return self.drain_started is not None and self.drain_started.done()
 
     def start_run(self) -> None:
         """A loadgen run starts through this gateway (GATEWAY_RUN_START_PATH): a fresh gate and
@@ -263,13 +266,14 @@ class GatewayProxy:
         finish up to ``timeout_s`` (wall). At the deadline, a request whose answer has not begun is
         answered 503, a response still streaming is cut. True when everything finished in time;
         ``drain_counts`` says what was refused and cut."""
-        self.draining = True
-        if self.drain_started is not None and not self.drain_started.done():
+        loop = asyncio.get_running_loop()
+        if self.drain_started is None:
+            self.drain_started = loop.create_future()
+        if not self.drain_started.done():
             self.drain_started.set_result(None)
         if self.server is not None:
             self.server.close()
         timeout_s = self.config.drain_timeout_s if timeout_s is None else timeout_s
-        loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while self.num_open and loop.time() < deadline:
             await asyncio.sleep(0.02)
@@ -556,15 +560,21 @@ class GatewayProxy:
         finally:
             await transport.close()
 
-    async def _server_info(self, req: Request, conn: ClientConnection) -> None:
-        """SGLang's server info, from the first upstream, with the pool the gate computes with as
-        its ``max_total_num_tokens`` (the upstreams' pools summed, or --pool-tokens)."""
+    async def _first_upstream_json(self, req: Request) -> tuple[int, bytes, Optional[dict]]:
+        """``req`` asked of the first upstream: its status, body, and the body as a JSON object
+        (None when it failed or is not one)."""
         ((code, data),) = await self._ask_upstreams(req, self.config.upstreams[:1])
         try:
             info = orjson.loads(data) if code < 300 else None
         except orjson.JSONDecodeError:
             info = None
-        if isinstance(info, dict) and "max_total_num_tokens" in info:
+        return code, data, info if isinstance(info, dict) else None
+
+    async def _server_info(self, req: Request, conn: ClientConnection) -> None:
+        """SGLang's server info, from the first upstream, with the pool the gate computes with as
+        its ``max_total_num_tokens`` (the upstreams' pools summed, or --pool-tokens)."""
+        code, data, info = await self._first_upstream_json(req)
+        if info is not None and "max_total_num_tokens" in info:
             info["max_total_num_tokens"] = int(self.gate.pool_tokens)
             data = orjson.dumps(info)
         conn.respond(code, data)
@@ -572,13 +582,8 @@ class GatewayProxy:
     async def _lag(self, req: Request, conn: ClientConnection) -> None:
         """serve-sim's time scale and lateness from the first upstream (a real engine has none),
         with the gateway's own clock's scale beside them, which a run checks against its own."""
-        ((code, data),) = await self._ask_upstreams(req, self.config.upstreams[:1])
-        try:
-            info = orjson.loads(data) if code < 300 else {}
-        except orjson.JSONDecodeError:
-            info = {}
-        info = info if isinstance(info, dict) else {}
-        conn.respond(200, orjson.dumps({**info, "gateway_time_scale": self.config.time_scale}))
+        _, _, info = await self._first_upstream_json(req)
+        conn.respond(200, orjson.dumps({**(info or {}), "gateway_time_scale": self.config.time_scale}))
 
     async def _reset_every_upstream(self, req: Request, conn: ClientConnection) -> None:
         """A prefix-cache reset sent on to every upstream at once; 200 when every one did it, else

@@ -503,7 +503,7 @@ class OpenAIEngineClient:
             return [f"--time-scale {run_scale:g} against {self.base}, which does not report a time scale (a real "
                     f"engine runs in real time): its steps take {run_scale:g}x as long in run time as on the server "
                     f"(a 30 ms step reads {0.03 * run_scale:.3g} s); the run compares with a twin only at its own speed"]
-        if abs(server_scale - run_scale) > 1e-9 * max(server_scale, run_scale):
+        if not math.isclose(server_scale, run_scale, rel_tol=1e-9):
             raise PreflightError(
                 f"{self.base} is serve-sim at --time-scale {server_scale:g}, and this run's time scale is {run_scale:g}: "
                 f"its engine steps would take {run_scale / server_scale:.3g}x as long in run time as its cost model says; "
