@@ -37,7 +37,11 @@ def test_the_proxys_park_time_is_each_turns_gateway_wait(tmp_path):
     turns = pq.read_table(run_dir / "turns.parquet").to_pydict()
     # the proxy's waits are the sessions' admissions and the turns' gateway waits (its clock, run seconds)
     waited = [f - a for a, f in zip(sessions["arrival_s"], sessions["first_admit_s"]) if f is not None and f - a > 0]
-    assert len(waited) == gw["parks"]["waiting"] == gw["admissions"]["admitted"] > 3
+    # every admission after a wait is a session's recorded wait, but for a session whose first turn was
+    # still out when the run ended: its answer, and so its wait, never came back
+    first_turn_out_at_end = sum(1 for n in sessions["turns_completed"] if n == 0)
+    assert gw["parks"]["waiting"] == gw["admissions"]["admitted"] > 3
+    assert len(waited) <= gw["admissions"]["admitted"] <= len(waited) + first_turn_out_at_end
     assert max(waited) > 5.0
     first_waits = [w for k, w in zip(turns["turn_index"], turns["gateway_wait_s"]) if k == 0 and w > 0]
     assert sorted(first_waits) == sorted(waited)  # a first turn's gateway wait is its session's admission
