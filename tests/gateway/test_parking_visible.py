@@ -7,6 +7,7 @@ import sys
 import time
 
 import pyarrow.parquet as pq
+import pytest
 import yaml
 
 from tests.conftest import make_spec_dict
@@ -44,7 +45,8 @@ def test_the_proxys_park_time_is_each_turns_gateway_wait(tmp_path):
     assert len(waited) <= gw["admissions"]["admitted"] <= len(waited) + first_turn_out_at_end
     assert max(waited) > 5.0
     first_waits = [w for k, w in zip(turns["turn_index"], turns["gateway_wait_s"]) if k == 0 and w > 0]
-    assert sorted(first_waits) == sorted(waited)  # a first turn's gateway wait is its session's admission
+    # a first turn's gateway wait is its session's admission (arrival + wait - arrival: to the float)
+    assert sorted(first_waits) == pytest.approx(sorted(waited), rel=1e-12, abs=1e-9)
     assert sum(sessions["num_parks"]) == gw["parks"]["parked"] == 0  # session-cap holds arrivals only
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     (row,) = summary["latency_by_arm"]
