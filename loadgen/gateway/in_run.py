@@ -57,15 +57,12 @@ def proxy_sample(proxy: GatewayProxy) -> dict:
 
 
 def run_gateway_info(proxy: Optional[GatewayProxy]) -> Optional[dict]:
-    """run.json's ``gateway``: the proxy's limit and what it did over the run."""
+    """run.json's ``gateway``: the proxy's limit and what it did over the run (since its reset at
+    the run's start: the preflight's probes went through it before)."""
     if proxy is None:
         return None
-    m = proxy.metrics
-    count = lambda metric, label: int(metric.labels(label)._value.get())  # noqa: E731
+    now, before = proxy.metrics.counts(), proxy.counts_at_reset
+    if before is not None:
+        now = {group: {key: n - before[group][key] for key, n in counts.items()} for group, counts in now.items()}
     return {"controller": proxy.config.controller, "controller_options": proxy.config.controller_options,
-            "control_start_s": proxy.config.control_start_s, "pool_tokens": proxy.pool_tokens,
-            "admissions": {how: count(m.admissions, how) for how in ("went", "admitted", "forced")},
-            "parks": {queue: count(m.parks, queue) for queue in ("parked", "waiting")},
-            "sessions_ended": {how: count(m.sessions_ended, how)
-                               for how in ("final", "idle", "failed", "client_gone", "abandoned", "rejected",
-                                           "drained")}}
+            "control_start_s": proxy.config.control_start_s, "pool_tokens": proxy.pool_tokens, **now}

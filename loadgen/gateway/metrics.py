@@ -63,6 +63,17 @@ class GatewayMetrics:
         self.engine = Gauge(p + "upstream_engine", "An upstream's own gauges at its last scrape (-1/NaN unknown)",
                             ["upstream", "gauge"], registry=registry)
 
+    def counts(self) -> dict:
+        """The counters a run reports (run.json ``gateway``): admissions by how, parks by queue,
+        sessions ended by how, as they stand now."""
+        def count(metric, label) -> int:
+            return int(metric.labels(label)._value.get())
+
+        return {"admissions": {how: count(self.admissions, how) for how in ("went", "admitted", "forced")},
+                "parks": {queue: count(self.parks, queue) for queue in ("parked", "waiting")},
+                "sessions_ended": {how: count(self.sessions_ended, how) for how in
+                                   ("final", "idle", "failed", "client_gone", "abandoned", "rejected", "drained")}}
+
     def engine_scraped(self, url: str, num_running: int, num_waiting: int, kv_usage: float) -> None:
         self.engine.labels(url, "num_running").set(num_running)
         self.engine.labels(url, "num_waiting").set(num_waiting)

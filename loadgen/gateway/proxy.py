@@ -210,8 +210,11 @@ class GatewayProxy:
         self.metrics = GatewayMetrics(self)
 
     def reset(self, clock: WallClock) -> None:
-        """A fresh gate and session table on ``clock`` (an experiment's run starts at its t=0)."""
+        """A fresh gate and session table on ``clock`` (an experiment's run starts at its t=0); the
+        counters as they stand, so that a run reports what happened in it (not the preflight's probes)."""
         self.clock = clock
+        metrics = getattr(self, "metrics", None)  # (none yet on the first reset, from __init__)
+        self.counts_at_reset = metrics.counts() if metrics is not None else None
         ctl = self.config
         if self.per_upstream:  # scope replica: a gate per upstream over its own pool
             self.gate = UpstreamGates(clock, lambda: make_policy(ctl.controller, **ctl.controller_options),
