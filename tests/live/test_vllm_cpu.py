@@ -127,7 +127,7 @@ def test_a_twin_calibrated_now_keeps_pace_with_the_real_engine_once_it_has_colla
         """Arrivals offering OFFERED_PER_COLD turns for each cold 8K turn the engine serves (what 2
         sessions/s offered on the machines of docs/cpu-vllm.md, 0.39 s a cold 8K prompt), and at
         least 2 sessions/s: an engine-bound run on any machine. A machine with AMX serves a cold 8K
-        prompt in ~0.09 s, and at a fixed 2 sessions/s kept pace (hit ratio 0.77, not collapsed)."""
+        prompt in ~0.1 s, and at a fixed 2 sessions/s kept pace (hit ratio 0.77, not collapsed)."""
         cold_s = next(r.measurement.seconds for r in calibration.rows if r.measurement.label == "cold prefill 8000")
         rate = max(2.0, round(OFFERED_PER_COLD / cold_s / num_turns, 2))
         return parse_spec({
