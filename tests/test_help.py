@@ -70,3 +70,26 @@ def test_gateway_help_lists_the_controllers_and_what_each_session_header_does():
     headers = text[text.index("session headers"):text.index("example:")]
     assert all(name in headers for name in SESSION_HEADERS) and f"{SESSION_FINAL_HEADER}: true" in headers
     assert "frees its" in headers and text.rstrip().endswith("--listen 127.0.0.1:9000")
+
+
+HEAVY = ("numpy", "pydantic", "pyarrow", "loadgen.core.spec", "loadgen.analysis")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["runx"], ["run", "--no-such-flag"]])
+def test_help_and_a_mistyped_command_import_none_of_what_the_commands_need(argv):
+    """`loadgen --help` and `loadgen run --help` answer in a blink: only the named command's flags
+    are built, and no command's module is imported until it runs (benchmarks/bench_cli.py times it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom loadgen.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_the_full_command_line_and_one_command_parse_alike():
+    """main() builds only the named command's flags: they parse a command line as the full parser does."""
+    argv = ["run", "examples/paired-burst.yaml", "--out", "x", "--seeds", "501", "--no-figures"]
+    assert vars(build_parser().parse_args(argv)).keys() == vars(build_parser("run").parse_args(argv)).keys()
+    assert build_parser("run").parse_args(argv).seeds == "501"

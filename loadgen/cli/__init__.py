@@ -5,17 +5,21 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence
 
-from ..core.spec import SpecError
-from .parser import build_parser
+from .parser import build_parser, command_in
 
 __all__ = ["build_parser", "main"]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(command_in(argv)).parse_args(argv)
     try:
         return args.func(args)
-    except SpecError as exc:
+    except Exception as exc:
+        from ..core.spec import SpecError  # a command that raised one has imported it already
+
+        if not isinstance(exc, SpecError):
+            raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -5,21 +5,20 @@ from __future__ import annotations
 import argparse
 
 
-def add_gateway_parser(sub) -> None:
+def add_gateway_arguments(gw: argparse.ArgumentParser) -> None:
     from controllers.registry import POLICIES
 
     from ..gateway.config import SESSION_FINAL_HEADER, SESSION_HEADERS
     from ..gateway.upstream_choice import DEFAULT_ROUTER, ROUTER_NAMES
 
-    gw = sub.add_parser(
-        "gateway", help="the gateway controllers as an OpenAI-compatible proxy in front of engines (docs/gateway.md)",
-        epilog=f"session headers (a request's session, the first present of --session-header):\n"
-               f"  {', '.join(SESSION_HEADERS)}\n"
-               f"      name the session; without one the gateway fingerprints the prompt's first tokens (a session's\n"
-               f"      later turns start with them), so a session keeps its upstream and its demand is counted once\n"
-               f"  {SESSION_FINAL_HEADER}: true\n"
-               f"      this is the session's last request: when it is answered the session ends and frees its\n"
-               f"      demand at once (else after --idle-timeout-s)")
+    gw.epilog = (f"session headers (a request's session, the first present of --session-header):\n"
+                 f"  {', '.join(SESSION_HEADERS)}\n"
+                 f"      name the session; without one the gateway fingerprints the prompt's first tokens (a "
+                 f"session's\n      later turns start with them), so a session keeps its upstream and its demand is "
+                 f"counted once\n"
+                 f"  {SESSION_FINAL_HEADER}: true\n"
+                 f"      this is the session's last request: when it is answered the session ends and frees its\n"
+                 f"      demand at once (else after --idle-timeout-s)")
     gw.add_argument("--upstream", action="append", metavar="URL", help="an engine's base URL (repeatable)")
     gw.add_argument("--controller", metavar="NAME",
                     help=f"the gateway limit: {', '.join(POLICIES)} (default none; docs/experiments.md#gateway-controllers)")
@@ -48,7 +47,6 @@ def add_gateway_parser(sub) -> None:
     gw.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                     help="debug: one line per decision")
     gw.add_argument("--quiet", action="store_true", help="no progress line")
-    gw.set_defaults(func=_cmd_gateway)
 
 
 def _cmd_gateway(args: argparse.Namespace) -> int:

@@ -1,27 +1,29 @@
-"""The command line: every subcommand, its flags and the function that runs it."""
+"""The command line: every subcommand, its flags and the function that runs it.
+
+Each command's flags are added only when that command is parsed (``build_parser(command)``), and
+each command's module is imported only when it runs: ``loadgen --help`` or a mistyped flag imports
+none of the spec models, numpy or pyarrow that the commands themselves need."""
 
 from __future__ import annotations
 
 import argparse
-
-from trace_shapes import FORMATS, TREE_FORMATS, TREE_PRESETS
+import importlib
+from typing import Callable, Optional, Sequence
 
 from ..version import __version__
 
-from .gateway import add_gateway_parser
 from .help import apply_help
-from .runs import _cmd_export, _cmd_report, _cmd_run, _cmd_sweep, _cmd_validate
-from routers import ROUTERS
-
-from .tools import SHAPE_NAMES, _cmd_calibrate, _cmd_compare, _cmd_cost_fit, _cmd_map, _cmd_serve_sim, _cmd_shapes
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="loadgen", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"agent-loadgen {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _command(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """``loadgen.cli.<module>.<name>``, imported when the command runs."""
+    def run(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module(f"{__package__}.{module}"), name)(args)
+    run.__qualname__ = name
+    return run
 
-    run = sub.add_parser("run", help="run every run of a spec (arms x seeds) and report")
+
+def _add_run(run: argparse.ArgumentParser) -> None:
     run.add_argument("spec", nargs="?", help="experiment spec (YAML); with --resume DIR, default DIR/spec.yaml")
     run.add_argument("--out", help="results directory (required unless --resume DIR)")
     run.add_argument("--resume", nargs="?", const="", metavar="DIR",
@@ -53,9 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--replicates", type=int, metavar="R",
                      help="simulated runs: each run again under R draws of the cost model's step jitter; "
                           "P(persistently degraded) per seed in RESULTS/replicates.json")
-    run.set_defaults(func=_cmd_run)
+    run.set_defaults(func=_command("runs", "_cmd_run"))
 
-    sweep = sub.add_parser("sweep", help="run arms x seeds on a Ray cluster (engines on their own GPUs); resumes")
+
+def _add_sweep(sweep: argparse.ArgumentParser) -> None:
     sweep.add_argument("spec", help="experiment spec (YAML)")
     sweep.add_argument("--out", required=True, help="results directory on this node; a re-run skips completed runs")
     sweep.add_argument("--address", help="Ray cluster to join (default: $RAY_ADDRESS, else a new local cluster)")
@@ -69,12 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--quiet", action="store_true", help="no per-run lines")
     sweep.add_argument("--workers", type=int, help="figures drawn at once after the runs, one process each "
                                                    "(default: one per CPU)")
-    sweep.set_defaults(func=_cmd_sweep)
+    sweep.set_defaults(func=_command("runs", "_cmd_sweep"))
 
+
+def _add_map(map_: argparse.ArgumentParser) -> None:
     from ..map.grid import (DEFAULT_BISECT_STEPS, DEFAULT_CONTROLLERS, DEFAULT_HORIZON_H, DEFAULT_MAX_ESCAPE_RATES,
                            DEFAULT_RATES, DEFAULT_SEEDS, DEFAULT_TRIGGER_FACTORS)
-
-    map_ = sub.add_parser("map", help="the metastability map: P(degradation) over rate x trigger x controller")
     map_.add_argument("spec", help="experiment spec (YAML) with the simulated engine and a burst trigger")
     map_.add_argument("--out", required=True, help="map directory; a rerun skips finished runs, a complete map redraws")
     map_.add_argument("--rates", default=DEFAULT_RATES, help=f"base arrival rates, start:stop:step or a list "
@@ -101,9 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     map_.add_argument("--ray", action="store_true", help="run on Ray ($RAY_ADDRESS, else a local cluster)")
     map_.add_argument("--no-figures", action="store_true", help="map.json and the report only, no PNG figures")
     map_.add_argument("--quiet", action="store_true", help="no progress lines")
-    map_.set_defaults(func=_cmd_map)
+    map_.set_defaults(func=_command("tools", "_cmd_map"))
 
-    serve = sub.add_parser("serve-sim", help="serve the simulated engine behind vLLM's HTTP API")
+
+def _add_serve_sim(serve: argparse.ArgumentParser) -> None:
+    from routers import ROUTERS
+
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on; 0.0.0.0 serves other machines too (default 127.0.0.1: this one)")
     serve.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
@@ -140,9 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="serve N engines behind a router at one URL (each also at /replica/<i>)")
     serve.add_argument("--router", help="the router of --replicas N (default round_robin): " + ", ".join(ROUTERS))
     serve.add_argument("--session-header", default="X-Session-ID", help="the header the router reads a session from")
-    serve.set_defaults(func=_cmd_serve_sim)
+    serve.set_defaults(func=_command("tools", "_cmd_serve_sim"))
 
-    report = sub.add_parser("report", help="rebuild summary.json, print the paired table, write figures")
+
+def _add_report(report: argparse.ArgumentParser) -> None:
     report.add_argument("dir", help="results directory written by `loadgen run` (with --html, also `loadgen map`)")
     report.add_argument("--no-figures", action="store_true", help="summary and tables only, no PNG figures")
     report.add_argument("--compare-arms", metavar="A,B",
@@ -150,9 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--html", action="store_true",
                         help="also write DIR/report.html: one self-contained page (warnings, tables, figures inline, "
                              "the spec) to open or attach to a ticket; DIR may be a map directory")
-    report.set_defaults(func=_cmd_report)
+    report.set_defaults(func=_command("runs", "_cmd_report"))
 
-    cal = sub.add_parser("calibrate", help="fit the simulator's step-cost model to a real engine")
+
+def _add_calibrate(cal: argparse.ArgumentParser) -> None:
     cal.add_argument("--endpoint", help="the engine's base URL (or --from-profile)")
     cal.add_argument("--from-profile", metavar="DIR",
                      help="fit to a kernel profile instead of an endpoint: a folder in LLMServingSim's layout "
@@ -197,34 +205,41 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--loaded", action="store_true",
                      help="also drain a loaded queue (many decodes beside prefill chunks) and fit the mixed-step "
                           "decode term, what a decode costs beyond g in a step that also prefills")
-    cal.set_defaults(func=_cmd_calibrate)
+    cal.set_defaults(func=_command("tools", "_cmd_calibrate"))
 
-    compare = sub.add_parser("compare", help="a real engine's results beside the simulator's, run by run")
+
+def _add_compare(compare: argparse.ArgumentParser) -> None:
     compare.add_argument("real_dir", help="results directory of the runs on the real engine")
     compare.add_argument("sim_dir", help="results directory of the same spec and seeds simulated")
     compare.add_argument("--window-min", type=float, default=5.0, help="window width in minutes")
     compare.add_argument("--out", help="where compare.json and figures go (default REAL_DIR/compare)")
-    compare.set_defaults(func=_cmd_compare)
+    compare.set_defaults(func=_command("tools", "_cmd_compare"))
 
+
+def _add_export(export: argparse.ArgumentParser) -> None:
     from ..analysis.export import FORMATS as EXPORT_FORMATS
-
-    export = sub.add_parser("export", help="a results directory for other tools: CSV / JSONL tables, llm-d-benchmark "
-                                           "reports, AIPerf-style profile_export.jsonl")
     export.add_argument("dir", help="results directory written by `loadgen run`")
     export.add_argument("--format", required=True, choices=EXPORT_FORMATS,
                         help="csv or jsonl: turns and per-run summary tables; llm-d: a benchmark report (v0.2.1) per "
                              "run; aiperf: a profile_export.jsonl per run (docs/results-format.md#exports)")
     export.add_argument("--out", help="directory to write (default DIR/export/FORMAT)")
-    export.set_defaults(func=_cmd_export)
+    export.set_defaults(func=_command("runs", "_cmd_export"))
 
-    validate = sub.add_parser("validate", help="check a spec without running it")
+
+def _add_validate(validate: argparse.ArgumentParser) -> None:
     validate.add_argument("spec", help="experiment spec (YAML)")
-    validate.set_defaults(func=_cmd_validate)
+    validate.set_defaults(func=_command("runs", "_cmd_validate"))
 
-    cost = sub.add_parser("cost-fit", help="show the step-cost fit to the calibration numbers and its residuals")
-    cost.set_defaults(func=_cmd_cost_fit)
 
-    shapes = sub.add_parser("shapes", help="session shapes: what replayed traces look like")
+def _add_cost_fit(cost: argparse.ArgumentParser) -> None:
+    cost.set_defaults(func=_command("tools", "_cmd_cost_fit"))
+
+
+def _add_shapes(shapes: argparse.ArgumentParser) -> None:
+    from trace_shapes import FORMATS, TREE_FORMATS, TREE_PRESETS
+
+    from .tools import SHAPE_NAMES
+
     shapes_sub = shapes.add_subparsers(dest="shapes_command", required=True)
     describe = shapes_sub.add_parser(
         "describe", help="calls per session, context and gap percentiles, growth per turn, share of long sessions")
@@ -252,7 +267,59 @@ def build_parser() -> argparse.ArgumentParser:
                           help="tracelab-synthetic: sessions to generate; a tree preset: trees to draw")
     describe.add_argument("--seed", type=int, default=0, help="tracelab-synthetic, tree presets: generator seed")
     describe.add_argument("--json", action="store_true", help="print the numbers as JSON")
-    describe.set_defaults(func=_cmd_shapes)
+    describe.set_defaults(func=_command("tools", "_cmd_shapes"))
 
-    add_gateway_parser(sub)
+
+def _add_gateway(gw: argparse.ArgumentParser) -> None:
+    from .gateway import add_gateway_arguments
+
+    add_gateway_arguments(gw)
+    gw.set_defaults(func=_command("gateway", "_cmd_gateway"))
+
+
+# every command: its one-line help and what adds its flags
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "run": ("run every run of a spec (arms x seeds) and report",
+           _add_run),
+    "sweep": ("run arms x seeds on a Ray cluster (engines on their own GPUs); resumes",
+             _add_sweep),
+    "map": ("the metastability map: P(degradation) over rate x trigger x controller",
+           _add_map),
+    "serve-sim": ("serve the simulated engine behind vLLM's HTTP API",
+                 _add_serve_sim),
+    "report": ("rebuild summary.json, print the paired table, write figures",
+              _add_report),
+    "calibrate": ("fit the simulator's step-cost model to a real engine",
+                 _add_calibrate),
+    "compare": ("a real engine's results beside the simulator's, run by run",
+               _add_compare),
+    "export": ("a results directory for other tools: CSV / JSONL tables, llm-d-benchmark reports, AIPerf-style profile_export.jsonl",
+              _add_export),
+    "validate": ("check a spec without running it",
+                _add_validate),
+    "cost-fit": ("show the step-cost fit to the calibration numbers and its residuals",
+                _add_cost_fit),
+    "shapes": ("session shapes: what replayed traces look like",
+              _add_shapes),
+    "gateway": ("the gateway controllers as an OpenAI-compatible proxy in front of engines (docs/gateway.md)",
+                _add_gateway),
+}
+
+
+def command_in(argv: Sequence[str]) -> Optional[str]:
+    """The command ``argv`` names: its first word that is not a flag, when that is a command."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first if first in COMMANDS else None
+
+
+def build_parser(command: Optional[str] = "*") -> argparse.ArgumentParser:
+    """The whole command line ("*"), or every command's name and one-line help with only
+    ``command``'s flags (None: no command's flags, all that ``loadgen --help`` shows)."""
+    parser = argparse.ArgumentParser(prog="loadgen", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"agent-loadgen {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (line, add_arguments) in COMMANDS.items():
+        command_parser = sub.add_parser(name, help=line)
+        if command in ("*", name):
+            add_arguments(command_parser)
     return apply_help(parser)
