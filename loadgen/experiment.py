@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from functools import partial
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import yaml
 
@@ -19,9 +19,9 @@ from .core.run_pool import run_pooled
 from .core.runner import RunKey, completed_run, mark_interrupted, run_simulated
 from .core.same_spec import check_results_dir_spec
 from .core.spec import ExperimentSpec, SpecError
-from .live.progress import LiveSnapshot
-from .live.http_client import PreflightError
-from .live.runner import preflight_endpoint, run_live
+
+if TYPE_CHECKING:
+    from .live.progress import LiveSnapshot
 
 
 def run_experiment(spec: ExperimentSpec, out_dir: Path, keys: list[RunKey], spec_dir: Optional[Path] = None,
@@ -40,6 +40,9 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path, keys: list[RunKey], spec
     A completed run also gets its windows.parquet (loadgen/analysis/windows_table.py).
     """
     out_dir = Path(out_dir)
+    if spec.engine.kind == "openai":  # the live client, imported only for a live run
+        from .live.http_client import PreflightError
+        from .live.runner import preflight_endpoint, run_live
     if spec.engine.kind == "openai" and keys:
         try:
             preflight_endpoint(spec)

@@ -100,6 +100,27 @@ def test_float_values_match_to_numpy_on_sliced_chunks_with_nulls():
     assert float_values(pa.chunked_array([], type=pa.float64())).shape == (0,)
 
 
+def test_float_values_of_integers_are_pyarrows_cast_without_pyarrow_compute():
+    """Integer chunks convert in NumPy (a run worker need not import pyarrow.compute), as the cast
+    would: sliced, with nulls, int32 too; one float64 cannot hold exactly is refused as the cast does."""
+    for arrow_type in (pa.int64(), pa.int32()):
+        whole = pa.array([5, None, -3, 2 ** 31 - 1, 0, None, 7], type=arrow_type)
+        for chunk in (whole, whole[1:], whole[2:5]):
+            expected = chunk.cast(pa.float64()).to_numpy(zero_copy_only=False)
+            np.testing.assert_array_equal(float_values(chunk), expected)
+    with pytest.raises(pa.ArrowInvalid):
+        float_values(pa.array([2 ** 53 + 1], type=pa.int64()))
+    # arrays built by array(): pyarrow's own conversion of Python values imports pandas, and pandas
+    # pyarrow.compute
+    script = ("import sys, pyarrow as pa\n"
+              "from loadgen.core.arrow_numpy import array, float_values, int_values, succeeded\n"
+              "float_values(array([1, None, 3], pa.int64())); int_values(array([1, 2], pa.int32()))\n"
+              "succeeded(array(['', None, 'x'], pa.string()))\n"
+              "print('pandas' in sys.modules, 'pyarrow.compute' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False False"
+
+
 def test_int_and_bool_values_read_sliced_chunks_and_refuse_nulls():
     ints = pa.chunked_array([pa.array([1, 2, 3, 4])[2:], pa.array([-7], type=pa.int64())])
     assert int_values(ints).tolist() == [3, 4, -7] and int_values(ints).dtype == np.int64
@@ -115,6 +136,23 @@ def test_int_and_bool_values_read_sliced_chunks_and_refuse_nulls():
 def test_succeeded_is_null_or_empty_error():
     errors = pa.chunked_array([pa.array(["x", None, "", "timeout"])[1:], pa.array([None, "boom"])])
     assert succeeded(errors).tolist() == [True, True, False, True, False]
+
+
+@pytest.mark.parametrize("arrow_type", [pa.string(), pa.large_string(), pa.binary(), pa.large_binary()])
+def test_succeeded_reads_offsets_and_validity_as_pyarrow_compute_does(arrow_type):
+    """Read from the buffers (sliced chunks, all-null and null-free ones), against pyarrow's kernels."""
+    import pyarrow.compute as pc
+
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        values = [None if rng.random() < 0.3 else "" if rng.random() < 0.3 else "e" * int(rng.integers(1, 4))
+                  for _ in range(int(rng.integers(0, 30)))]
+        if arrow_type in (pa.binary(), pa.large_binary()):
+            values = [None if v is None else v.encode() for v in values]
+        whole = pa.array(values, type=arrow_type)
+        for chunk in (whole, whole[3:], whole[2:-4], pa.nulls(len(values), arrow_type)):
+            expected = pc.or_kleene(pc.is_null(chunk), pc.equal(pc.binary_length(chunk), 0)).to_pylist()
+            assert succeeded(chunk).tolist() == expected
 
 
 def test_a_simulated_run_and_its_report_import_no_pandas(tmp_path):

@@ -2,26 +2,28 @@
 
 The package face for notebooks and scripts: ``load_results(DIR)`` reads a results directory
 (its summary and runs by arm); the other names are the measures and renderers the report uses.
-Figures and the real-vs-simulated comparison import matplotlib, so they load on first use.
+Every name loads its module on first use (figures and the real-vs-simulated comparison import
+matplotlib).
 """
 
-from .latency import LATENCY_METRICS, format_latency_table, latency_by_arm, latency_outcome, turn_latencies
-from .outcomes import run_outcome
-from .paired import paired_comparisons, sign_test_p
-from .recovery import (Cohort, cohort, cohort_completion_by_arrival, collapsed_at, control_outcome,
-                       first_phase_end_s, first_turn_gateway_waits_s, quantile_nearest_rank, recovery_table,
-                       recovery_time_s)
-from .runs import SAMPLES_SCHEMA, SESSIONS_SCHEMA, TURNS_SCHEMA, RunData, load_run
-from .summary import Results, ResultsError, check_results_dir, load_results, summarize, write_summary
-from .tables import format_outcome_table, format_recovery_table, outcome_table
-from .sessions import session_results, task_outcome
-from .slo import slo_of, slo_outcome
-from .uncertainty import bootstrap_interval, compare_arms, format_arm_comparison, paired_difference
-from .windows_table import read_windows, window_table, write_windows
-from .windows import (DEGRADED_HIT_RATIO, WindowSeries, degraded_windows, ends_degraded, hit_ratio_between,
-                      persistently_degraded, window_series)
-
+# the runner writes windows.parquet through windows_table without importing the rest
 _LAZY = {
+    "LATENCY_METRICS": "latency", "format_latency_table": "latency", "latency_by_arm": "latency",
+    "latency_outcome": "latency", "turn_latencies": "latency", "run_outcome": "outcomes",
+    "paired_comparisons": "paired", "sign_test_p": "paired", "Cohort": "recovery", "cohort": "recovery",
+    "cohort_completion_by_arrival": "recovery", "collapsed_at": "recovery", "control_outcome": "recovery",
+    "first_phase_end_s": "recovery", "first_turn_gateway_waits_s": "recovery",
+    "quantile_nearest_rank": "recovery", "recovery_table": "recovery", "recovery_time_s": "recovery",
+    "SAMPLES_SCHEMA": "runs", "SESSIONS_SCHEMA": "runs", "TURNS_SCHEMA": "runs", "RunData": "runs",
+    "load_run": "runs", "session_results": "sessions", "task_outcome": "sessions", "slo_of": "slo",
+    "slo_outcome": "slo", "Results": "summary", "ResultsError": "summary", "check_results_dir": "summary",
+    "load_results": "summary", "summarize": "summary", "write_summary": "summary",
+    "format_outcome_table": "tables", "format_recovery_table": "tables", "outcome_table": "tables",
+    "bootstrap_interval": "uncertainty", "compare_arms": "uncertainty", "format_arm_comparison": "uncertainty",
+    "paired_difference": "uncertainty", "DEGRADED_HIT_RATIO": "windows", "WindowSeries": "windows",
+    "degraded_windows": "windows", "ends_degraded": "windows", "hit_ratio_between": "windows",
+    "persistently_degraded": "windows", "window_series": "windows", "read_windows": "windows_table",
+    "window_table": "windows_table", "write_windows": "windows_table",
     "arm_colors": "figures", "write_figures": "figures", "figure_arm_timeseries": "figures",
     "figure_cohort_completion": "figures", "figure_mix_shift_scatter": "figures",
     "figure_latency_over_time": "latency_figures", "figure_cost_of_control": "latency_figures",

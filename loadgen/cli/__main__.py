@@ -1,7 +1,5 @@
 """``python -m loadgen.cli``: the same as the ``loadgen`` command."""
 
-import sys
+from . import entry
 
-from . import main
-
-sys.exit(main())
+entry()

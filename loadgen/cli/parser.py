@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from ..version import __version__
@@ -15,12 +16,22 @@ from ..version import __version__
 from .help import apply_help
 
 
-def _command(module: str, name: str) -> Callable[[argparse.Namespace], int]:
-    """``loadgen.cli.<module>.<name>``, imported when the command runs."""
-    def run(args: argparse.Namespace) -> int:
-        return getattr(importlib.import_module(f"{__package__}.{module}"), name)(args)
-    run.__qualname__ = name
-    return run
+@dataclass(frozen=True)
+class Command:
+    """``loadgen.cli.<module>.<name>``, imported when the command runs, with ``preload``: the
+    modules it imports as it starts (loaded beside it, main() keeps the garbage collector out)."""
+
+    module: str
+    name: str
+    preload: tuple[str, ...] = ()
+
+    def load(self) -> Callable[[argparse.Namespace], int]:
+        for module in self.preload:
+            importlib.import_module(module)
+        return getattr(importlib.import_module(f"{__package__}.{self.module}"), self.name)
+
+    def __call__(self, args: argparse.Namespace) -> int:
+        return self.load()(args)
 
 
 def _add_run(run: argparse.ArgumentParser) -> None:
@@ -55,7 +66,8 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     run.add_argument("--replicates", type=int, metavar="R",
                      help="simulated runs: each run again under R draws of the cost model's step jitter; "
                           "P(persistently degraded) per seed in RESULTS/replicates.json")
-    run.set_defaults(func=_command("runs", "_cmd_run"))
+    run.set_defaults(func=Command("runs", "_cmd_run", preload=(
+        "rich.progress", "loadgen.experiment", "loadgen.core.runner", "loadgen.live.progress")))
 
 
 def _add_sweep(sweep: argparse.ArgumentParser) -> None:
@@ -72,7 +84,7 @@ def _add_sweep(sweep: argparse.ArgumentParser) -> None:
     sweep.add_argument("--quiet", action="store_true", help="no per-run lines")
     sweep.add_argument("--workers", type=int, help="figures drawn at once after the runs, one process each "
                                                    "(default: one per CPU)")
-    sweep.set_defaults(func=_command("runs", "_cmd_sweep"))
+    sweep.set_defaults(func=Command("runs", "_cmd_sweep"))
 
 
 def _add_map(map_: argparse.ArgumentParser) -> None:
@@ -104,7 +116,7 @@ def _add_map(map_: argparse.ArgumentParser) -> None:
     map_.add_argument("--ray", action="store_true", help="run on Ray ($RAY_ADDRESS, else a local cluster)")
     map_.add_argument("--no-figures", action="store_true", help="map.json and the report only, no PNG figures")
     map_.add_argument("--quiet", action="store_true", help="no progress lines")
-    map_.set_defaults(func=_command("tools", "_cmd_map"))
+    map_.set_defaults(func=Command("tools", "_cmd_map"))
 
 
 def _add_serve_sim(serve: argparse.ArgumentParser) -> None:
@@ -146,7 +158,7 @@ def _add_serve_sim(serve: argparse.ArgumentParser) -> None:
                        help="serve N engines behind a router at one URL (each also at /replica/<i>)")
     serve.add_argument("--router", help="the router of --replicas N (default round_robin): " + ", ".join(ROUTERS))
     serve.add_argument("--session-header", default="X-Session-ID", help="the header the router reads a session from")
-    serve.set_defaults(func=_command("tools", "_cmd_serve_sim"))
+    serve.set_defaults(func=Command("tools", "_cmd_serve_sim"))
 
 
 def _add_report(report: argparse.ArgumentParser) -> None:
@@ -157,7 +169,7 @@ def _add_report(report: argparse.ArgumentParser) -> None:
     report.add_argument("--html", action="store_true",
                         help="also write DIR/report.html: one self-contained page (warnings, tables, figures inline, "
                              "the spec) to open or attach to a ticket; DIR may be a map directory")
-    report.set_defaults(func=_command("runs", "_cmd_report"))
+    report.set_defaults(func=Command("runs", "_cmd_report"))
 
 
 def _add_calibrate(cal: argparse.ArgumentParser) -> None:
@@ -205,7 +217,7 @@ def _add_calibrate(cal: argparse.ArgumentParser) -> None:
     cal.add_argument("--loaded", action="store_true",
                      help="also drain a loaded queue (many decodes beside prefill chunks) and fit the mixed-step "
                           "decode term, what a decode costs beyond g in a step that also prefills")
-    cal.set_defaults(func=_command("tools", "_cmd_calibrate"))
+    cal.set_defaults(func=Command("tools", "_cmd_calibrate"))
 
 
 def _add_compare(compare: argparse.ArgumentParser) -> None:
@@ -213,7 +225,7 @@ def _add_compare(compare: argparse.ArgumentParser) -> None:
     compare.add_argument("sim_dir", help="results directory of the same spec and seeds simulated")
     compare.add_argument("--window-min", type=float, default=5.0, help="window width in minutes")
     compare.add_argument("--out", help="where compare.json and figures go (default REAL_DIR/compare)")
-    compare.set_defaults(func=_command("tools", "_cmd_compare"))
+    compare.set_defaults(func=Command("tools", "_cmd_compare"))
 
 
 def _add_export(export: argparse.ArgumentParser) -> None:
@@ -223,16 +235,16 @@ def _add_export(export: argparse.ArgumentParser) -> None:
                         help="csv or jsonl: turns and per-run summary tables; llm-d: a benchmark report (v0.2.1) per "
                              "run; aiperf: a profile_export.jsonl per run (docs/results-format.md#exports)")
     export.add_argument("--out", help="directory to write (default DIR/export/FORMAT)")
-    export.set_defaults(func=_command("runs", "_cmd_export"))
+    export.set_defaults(func=Command("runs", "_cmd_export"))
 
 
 def _add_validate(validate: argparse.ArgumentParser) -> None:
     validate.add_argument("spec", help="experiment spec (YAML)")
-    validate.set_defaults(func=_command("runs", "_cmd_validate"))
+    validate.set_defaults(func=Command("runs", "_cmd_validate"))
 
 
 def _add_cost_fit(cost: argparse.ArgumentParser) -> None:
-    cost.set_defaults(func=_command("tools", "_cmd_cost_fit"))
+    cost.set_defaults(func=Command("tools", "_cmd_cost_fit"))
 
 
 def _add_shapes(shapes: argparse.ArgumentParser) -> None:
@@ -267,14 +279,14 @@ def _add_shapes(shapes: argparse.ArgumentParser) -> None:
                           help="tracelab-synthetic: sessions to generate; a tree preset: trees to draw")
     describe.add_argument("--seed", type=int, default=0, help="tracelab-synthetic, tree presets: generator seed")
     describe.add_argument("--json", action="store_true", help="print the numbers as JSON")
-    describe.set_defaults(func=_command("tools", "_cmd_shapes"))
+    describe.set_defaults(func=Command("tools", "_cmd_shapes"))
 
 
 def _add_gateway(gw: argparse.ArgumentParser) -> None:
     from .gateway import add_gateway_arguments
 
     add_gateway_arguments(gw)
-    gw.set_defaults(func=_command("gateway", "_cmd_gateway"))
+    gw.set_defaults(func=Command("gateway", "_cmd_gateway"))
 
 
 # every command: its one-line help and what adds its flags

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 __all__ = ["array", "bool_values", "float_values", "int_values", "succeeded"]
 
@@ -129,6 +128,21 @@ def _as(chunk: pa.Array, arrow_type: pa.DataType) -> pa.Array:
     return chunk if chunk.type == arrow_type else chunk.cast(arrow_type)
 
 
+_INTEGERS = {pa.int64(): np.int64, pa.int32(): np.int32}
+_EXACT_IN_FLOAT64 = 2 ** 53  # pyarrow's safe cast refuses an integer float64 cannot hold exactly
+
+
+def _float64(chunk: pa.Array) -> np.ndarray:
+    """The chunk's values as float64 (null slots hold anything): an integer chunk converted in
+    NumPy, as pyarrow's cast would (its cast imports pyarrow.compute, ~20 ms in every run worker)."""
+    integer = _INTEGERS.get(chunk.type)
+    if integer is not None:
+        values = _primitive(chunk, integer)
+        if not len(values) or (values.max() <= _EXACT_IN_FLOAT64 and values.min() >= -_EXACT_IN_FLOAT64):
+            return values.astype(np.float64)
+    return _primitive(_as(chunk, _FLOAT64), np.float64).copy()
+
+
 def _primitive(chunk: pa.Array, dtype) -> np.ndarray:
     data = chunk.buffers()[1]
     if data is None or len(chunk) == 0:
@@ -149,7 +163,7 @@ def float_values(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """The column as float64, nulls as NaN (``column.cast(float64).to_numpy()``)."""
     parts = []
     for chunk in _chunks(column):
-        values = _primitive(_as(chunk, _FLOAT64), np.float64).copy()
+        values = _float64(chunk)
         if chunk.null_count:
             values[~_bits(chunk.buffers()[0], chunk.offset, len(chunk))] = np.nan
         parts.append(values)
@@ -162,7 +176,8 @@ def int_values(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     for chunk in _chunks(column):
         if chunk.null_count:
             raise ValueError(f"an integer column holds {chunk.null_count} nulls")
-        parts.append(_primitive(_as(chunk, _INT64), np.int64).copy())
+        parts.append(_primitive(chunk, np.int32).astype(np.int64) if chunk.type == pa.int32()
+                     else _primitive(_as(chunk, _INT64), np.int64).copy())
     return _joined(parts, np.int64)
 
 
@@ -177,7 +192,28 @@ def bool_values(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 
 def succeeded(errors: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """True where an error column is null or empty (pyarrow's comparison with a Python "" would
-    import pandas for the scalar)."""
-    empty = pc.invert(pc.cast(pc.binary_length(errors), pa.bool_()))
-    return bool_values(pc.or_kleene(pc.is_null(errors), empty))
+    """True where an error column is null or empty, read from its validity bits and offsets
+    (pyarrow's comparison with a Python "" would import pandas for the scalar, and pyarrow.compute
+    costs every run worker ~20 ms to import)."""
+    parts = []
+    for chunk in _chunks(errors):
+        n = len(chunk)
+        if chunk.null_count == n:
+            parts.append(np.ones(n, dtype=bool))
+            continue
+        offsets_dtype = _STRING_OFFSETS.get(chunk.type)
+        if offsets_dtype is None:  # another type: pyarrow's own kernels
+            import pyarrow.compute as pc
+
+            empty = pc.invert(pc.cast(pc.binary_length(chunk), pa.bool_()))
+            parts.append(bool_values(pc.or_kleene(pc.is_null(chunk), empty)))
+            continue
+        validity, offsets = chunk.buffers()[:2]
+        bounds = np.frombuffer(offsets, dtype=offsets_dtype, count=chunk.offset + n + 1)[chunk.offset:]
+        empty = bounds[1:] == bounds[:-1]
+        parts.append(empty | ~_bits(validity, chunk.offset, n) if chunk.null_count else empty)
+    return _joined(parts, bool)
+
+
+_STRING_OFFSETS = {pa.string(): np.int32, pa.binary(): np.int32, pa.large_string(): np.int64,
+                   pa.large_binary(): np.int64}

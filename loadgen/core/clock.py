@@ -18,13 +18,15 @@ Environment/RealtimeEnvironment).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import deque
-from typing import Any, Awaitable, Callable, Coroutine, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Optional, Protocol
 
 from ..sim.keyed_heap import Keyed, heap_pop, heap_push
 from .lateness import LatenessHistogram
+
+if TYPE_CHECKING:  # asyncio (~20 ms) is imported by the wall clock, not by a simulated run
+    import asyncio
 
 
 class TimerHandle(Protocol):
@@ -268,6 +270,8 @@ class WallClock:
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.time_scale = time_scale
+        import asyncio
+
         self._loop = loop or asyncio.get_event_loop()
         self._time = time_source or self._loop.time
         self._own_time_source = time_source is not None
@@ -285,6 +289,8 @@ class WallClock:
         """``record=False``: background work that is not on the workload's schedule (its
         lateness would say nothing about the run's timing)."""
         due_s = self.now() + max(0.0, delay_s)
+        import asyncio
+
         await asyncio.sleep(max(0.0, delay_s) / self.time_scale)
         if record:  # measured when the sleeper resumes: that is when the session acts on it
             self.lateness.record(self.now() - due_s)

@@ -15,15 +15,17 @@ token (SGLang, ``TokenMatcher``), as serve-sim does with any prompt.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
-from trace_shapes import SessionShape
-from trace_shapes.timed import TimedRequest, TimedTrace
+from trace_shapes.shape import SessionShape
 
 from ..sim.prefix_match import BlockHashMatcher, TokenMatcher, chained_hashes
 from .gap_histogram import GapHistogram
+
+if TYPE_CHECKING:  # a replayed trace was read by the spec, which imported its reader
+    from trace_shapes.timed import TimedRequest, TimedTrace
 
 VOCAB = 30000  # drawn ids lie in [1, VOCAB), as TokenContext draws them
 MAX_CACHED_BLOCKS = 4096  # hash ids whose drawn ids are kept (a block's ids are the same drawn again)

@@ -11,7 +11,7 @@ from typing import Optional
 
 import orjson
 
-from trace_shapes import SessionShape
+from trace_shapes.shape import SessionShape
 
 from .clock import Clock
 from .engines import EngineClient, TurnRequest

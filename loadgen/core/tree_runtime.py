@@ -27,7 +27,8 @@ from __future__ import annotations
 import math
 from typing import Callable, Optional
 
-from trace_shapes import FORK, SessionShape, Tree
+from trace_shapes.shape import SessionShape
+from trace_shapes.tree import FORK, Tree
 
 from .clock import Clock
 from .workload import SessionPlan

@@ -28,7 +28,11 @@ from typing import Iterator, Optional, Union
 
 import numpy as np
 
-from trace_shapes import GeneratedReplay, SessionShape, SyntheticSessions, TraceReplay, Tree
+from trace_shapes.replay import TraceReplay
+from trace_shapes.shape import SessionShape
+from trace_shapes.synthetic import SyntheticSessions
+from trace_shapes.tracelab import GeneratedReplay
+from trace_shapes.tree import Tree
 
 from .replay import ReplayRun, ReplaySession
 from .seeding import KeyedSeed

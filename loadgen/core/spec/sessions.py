@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from trace_shapes import (TREE_FORMATS, EmpiricalGaps, ExponentialGaps, GapFallback, GeneratedReplay, LoadedTrace,
-                          LoadedTrees, LoaderOptions, ReplayOptions, TraceLabLikeSessions, TraceReplay, build_replay,
-                          load_hf, load_swebench, load_trace, load_trees, select_models)
-from trace_shapes.timed import TimedTrace, load_timed
-from trace_shapes.tree_replay import LoadedTreeTrace, TreeReplay, build_tree_replay
+from trace_shapes.replay import (EmpiricalGaps, ExponentialGaps, GapFallback, ReplayOptions, TraceReplay, build_replay,
+                                 select_models)
+from trace_shapes.tracelab import GeneratedReplay, TraceLabLikeSessions
+
+if TYPE_CHECKING:  # the trace readers (~20 ms of imports) load when a spec reads a trace
+    from trace_shapes.loaders import LoadedTrace
+    from trace_shapes.rows import LoaderOptions
+    from trace_shapes.timed import TimedTrace
+    from trace_shapes.tree_loaders import LoadedTrees
 
 from .base import _Model
 from .trees import TreeSessionSpec
@@ -69,6 +73,8 @@ class _ReplaySessionSpec(_Model):
         return self.truncate_at_tokens
 
     def build_replay(self, trace: LoadedTrace) -> TraceReplay:
+        from trace_shapes.tree_replay import LoadedTreeTrace, build_tree_replay
+
         try:
             select_models(trace.sessions, self.models)
         except ValueError as exc:
@@ -139,6 +145,8 @@ class TraceFileSessionSpec(_ReplaySessionSpec):
     block_tokens: int = Field(512, gt=0, description="mooncake: tokens per hash_ids block (512 in Mooncake's traces).")
 
     def loader_options(self) -> LoaderOptions:
+        from trace_shapes.rows import LoaderOptions
+
         return LoaderOptions(self.tokenizer, self.default_output_tokens, self.block_tokens)
 
     @field_validator("tokenizer")
@@ -265,12 +273,17 @@ def _cached_replay(spec: Union[SwebenchSessionSpec, TraceFileSessionSpec]) -> Tr
 
 @functools.lru_cache(maxsize=1)
 def _cached_swebench() -> LoadedTrace:
+    from trace_shapes.loaders import load_swebench
+
     return load_swebench()
 
 
 @functools.lru_cache(maxsize=4)
 def _cached_trace(path: str, format: str, mtime_ns: int, size: int, options: LoaderOptions) -> LoadedTrace:
     # mtime and size are part of the key so that an edited file is read again
+    from trace_shapes.loaders import load_trace
+    from trace_shapes.tree_loaders import TREE_FORMATS, load_trees
+
     if format in TREE_FORMATS:
         return _tree_trace(load_trees(path, format, options))
     return load_trace(path, format, options)
@@ -279,6 +292,9 @@ def _cached_trace(path: str, format: str, mtime_ns: int, size: int, options: Loa
 def _tree_trace(loaded: LoadedTrees) -> LoadedTrace:
     """The sessions of a tree-format file: a plain trace when they are all linear, else its trees
     (replayed as trees, trace_shapes/tree_replay.py), never flattened into linear sessions."""
+    from trace_shapes.loaders import LoadedTrace
+    from trace_shapes.tree_replay import LoadedTreeTrace
+
     roots = tuple(t.node for t in loaded.trees)
     if loaded.num_branching():
         return LoadedTreeTrace(loaded.path, loaded.format, roots, loaded.num_rows, loaded.notes, loaded.trees)
@@ -287,6 +303,8 @@ def _tree_trace(loaded: LoadedTrees) -> LoadedTrace:
 
 @functools.lru_cache(maxsize=4)
 def _cached_hf(source: "HFSourceSpec", format: str, options: LoaderOptions) -> LoadedTrace:
+    from trace_shapes.hf import load_hf
+
     return load_hf(source.hf, format, source.split, source.config, dict(source.columns), options)
 
 
@@ -360,6 +378,8 @@ def timed_trace(path: str, format: Optional[str], block_tokens: int) -> TimedTra
 
 @functools.lru_cache(maxsize=4)
 def _cached_timed(path: str, format: Optional[str], block_tokens: int, mtime_ns: int, size: int) -> TimedTrace:
+    from trace_shapes.timed import load_timed
+
     return load_timed(path, format, block_tokens)
 
 
@@ -390,5 +410,9 @@ def draws_trees(sessions: SessionSpec) -> bool:
     """Whether a session spec draws session trees: a tree preset, or a tree-format file that branches."""
     if isinstance(sessions, TreeSessionSpec):
         return True
-    return (type(sessions) is TraceFileSessionSpec and sessions.format in TREE_FORMATS
-            and isinstance(build_session_model(sessions), TreeReplay))
+    if type(sessions) is not TraceFileSessionSpec:
+        return False
+    from trace_shapes.tree_loaders import TREE_FORMATS
+    from trace_shapes.tree_replay import TreeReplay
+
+    return sessions.format in TREE_FORMATS and isinstance(build_session_model(sessions), TreeReplay)

@@ -9,7 +9,6 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, field_validator
 
-from trace_shapes.tree_presets import TREE_PRESETS, AgentShape
 
 from .base import _Model
 
@@ -56,6 +55,8 @@ class TreeSessionSpec(_Model):
 
 
 def _build(preset: str, params: dict, label: str):
+    from trace_shapes.tree_presets import TREE_PRESETS, AgentShape
+
     cls = TREE_PRESETS[preset]
     fields = {f.name: f for f in dataclasses.fields(cls)}
     values = {}
