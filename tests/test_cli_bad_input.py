@@ -65,6 +65,11 @@ def test_bad_run_flags_are_refused_before_anything_runs(tmp_path, flags, expecte
     ({"seeds": [True]}, "seeds: seed true is not a whole number"),
     ({"duration_min": True}, "duration_min: expected a number of minutes, got true"),
     ({"duration_s": True}, "duration_s: expected a number, got true"),
+    # a duration given in minutes is named in minutes, though the spec holds it in seconds
+    ({"duration_min": 0}, "duration_min: Input should be greater than 0"),
+    ({"arms": [{"name": "burst", "triggers": [{"kind": "burst", "start_min": 1, "duration_min": 0,
+                                               "extra_rate_factor": 2}]}]},
+     "arms[0].triggers[0].duration_min: Input should be greater than 0"),
     ({"engine": {"kind": "openai", "url": "localhost:8000"}},
      "engine.url: 'localhost:8000' has no scheme: expected a URL like http://localhost:8000"),
     ({"engine": {"kind": "openai", "url": "http://r:8000", "session_header": "X Session"}},

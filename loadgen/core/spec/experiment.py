@@ -303,7 +303,24 @@ def _check_trees(spec: "ExperimentSpec") -> None:
             raise ValueError("engine.offload: session trees are not modelled with the CPU offload tier")
 
 
-def _format_errors(exc: ValidationError, source: str) -> str:
+def _as_given(data: Any, parts: list) -> list:
+    """The location as the spec's author wrote it: a ``*_s`` field given as ``*_min`` (converted to
+    seconds before validation) keeps its minutes name (``duration_min: 0``, not ``duration_s``)."""
+    node = data
+    for i, part in enumerate(parts):
+        if isinstance(node, dict) and isinstance(part, str) and part not in node and part.endswith("_s") \
+                and part[:-2] + "_min" in node:
+            return parts[:i] + [part[:-2] + "_min"] + parts[i + 1:]
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            break
+    return parts
+
+
+def _format_errors(exc: ValidationError, source: str, data: Any = None) -> str:
     lines = [f"{source}: invalid spec"]
     for err in exc.errors():
         # pydantic puts the discriminator's value into the location (engine.sim.pool_tokens)
@@ -313,6 +330,9 @@ def _format_errors(exc: ValidationError, source: str) -> str:
             dropped = p in _KIND_TAGS and not dropped
             if not dropped:
                 parts.append(p)
+        given = _as_given(data, parts)
+        minutes = given != parts
+        parts = given
         loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".") or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
@@ -320,6 +340,8 @@ def _format_errors(exc: ValidationError, source: str) -> str:
         field = re.match(r"([a-z_][a-z0-9_]*): ", msg) if err["type"] == "value_error" else None
         if field:  # a model's own check naming one of its fields: print the field's full location
             loc, msg = ".".join(p for p in (loc if parts else "", field.group(1)) if p), msg[field.end():]
+        if minutes and re.search(r"[1-9]", msg):  # a bound in seconds, stated for a value in minutes
+            msg += " (the minutes x 60, in seconds)"
         lines.append(f"  {loc}: {msg}")
     return "\n".join(lines)
 
@@ -331,7 +353,7 @@ def parse_spec(data: Any, source: str = "<spec>", base_dir: Optional[Path] = Non
     try:
         return ExperimentSpec.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
-        raise SpecError(_format_errors(exc, source)) from None
+        raise SpecError(_format_errors(exc, source, data)) from None
 
 
 def check_spec_files(spec: ExperimentSpec, base_dir: Optional[Path], source: str = "<spec>") -> None:
