@@ -34,7 +34,8 @@ def check_replicates(spec: ExperimentSpec, num_replicates: int, spec_dir: Option
     if num_replicates > 1 and not all(spec.engine_for(a).load_cost_model(spec_dir).step_jitter_sigma > 0
                                       for a in spec.arms):
         raise SpecError("--replicates: the cost model has no step jitter, so every replicate would be the same run; "
-                        "use the cost.json `loadgen calibrate` wrote (it measures step_jitter_sigma) or set it")
+                        "use the cost.json `loadgen calibrate` wrote (it measures step_jitter_sigma), or set "
+                        "step_jitter_sigma > 0 in the spec's engine.cost_model (inline, or in its cost.json)")
     earlier = _earlier(out_dir) if out_dir is not None else None
     if earlier is not None and earlier["num_replicates"] != num_replicates:
         raise SpecError(f"--replicates {num_replicates}: {Path(out_dir) / REPLICATES_FILE} holds "
@@ -58,14 +59,17 @@ def replicate_dir(out_dir: Path, replicate: int) -> Path:
 
 def run_replicates(spec: ExperimentSpec, out_dir: Path, keys: list[RunKey], num_replicates: int,
                    spec_dir: Optional[Path] = None, on_done: Callable[[RunKey, int, dict], None] = lambda *a: None,
-                   num_workers: int = 1, resume: bool = False) -> dict:
+                   num_workers: int = 1, resume: bool = False,
+                   on_start: Callable[[int], None] = lambda num_jobs: None) -> dict:
     """Replicates 1..R-1 of ``keys`` (replicate 0 is the plain run, already in ``out_dir``; with
     ``resume``, those already completed with this spec are kept), over ``num_workers`` processes
     (loadgen/core/run_pool.py), then ``replicates.json``: {run id: {"degraded": [per replicate],
     "final_window_only": [per replicate], "p_degraded"}}, with the rows of earlier invocations
-    into the same directory (``check_replicates`` saw they have the same R)."""
+    into the same directory (``check_replicates`` saw they have the same R). ``on_start`` gets the
+    number of replicate runs to run, ``on_done`` each as it ends."""
     jobs = [(key, r) for r in range(1, num_replicates) for key in keys
             if not (resume and completed_run(replicate_dir(out_dir, r), spec, key) is not None)]
+    on_start(len(jobs))
     work = partial(_replicate_one, spec, out_dir, spec_dir)
     if num_workers > 1 and len(jobs) > 1:  # each replicate writes only its own directory: same bytes
         for (key, r), info, _ in run_pooled(work, jobs, min(num_workers, len(jobs))):

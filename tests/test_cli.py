@@ -49,11 +49,21 @@ def test_bad_spec_fails_before_running_and_names_the_field(tmp_path):
     assert not (tmp_path / "res").exists()
 
 
-def test_unknown_seed_and_missing_results_are_clear_errors(tmp_path):
+def test_seeds_asked_for_run_and_a_mistyped_arm_or_folder_is_a_clear_error(tmp_path):
     spec = tmp_path / "tiny.yaml"
     spec.write_text(yaml.safe_dump(make_spec_dict()))
-    proc = _loadgen("run", str(spec), "--out", str(tmp_path / "res"), "--seeds", "77")
-    assert proc.returncode == 2 and "seeds [77]" in proc.stderr
+    out = tmp_path / "res"
+    # the spec's seeds are a default: a seed asked for runs, and its runs record it
+    proc = _loadgen("run", str(spec), "--out", str(out), "--seeds", "77", "--arms", "base", "--quiet",
+                    "--no-figures")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads((out / "runs" / "base-s77" / "run.json").read_text())
+    assert info["seed"] == 77 and info["spec"]["seeds"] == [77] and info["status"] == "completed"
+    proc = _loadgen("run", str(spec), "--out", str(out), "--arms", "base,brust")
+    assert proc.returncode == 2 and "--arms: no arm 'brust'; the spec's arms: base, burst" in proc.stderr
+    proc = _loadgen("report", str(out / "runs" / "base-s77"))
+    assert proc.returncode == 2
+    assert f"is one run's folder; its results directory is {out}: `loadgen report {out}`" in proc.stderr
     proc = _loadgen("report", str(tmp_path / "nothing-here"))
     assert proc.returncode == 2 and "nothing-here: does not exist" in proc.stderr
 

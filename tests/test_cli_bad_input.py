@@ -260,3 +260,13 @@ def test_an_endpoint_that_answers_html_is_named_with_what_came_back(tmp_path, ht
     proc = _loadgen("run", str(_spec_file(tmp_path)), "--endpoint", html_server, "--out", str(tmp_path / "res"),
                     "--quiet")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and expected in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--cost-model", "nope"], "error: --cost-model: unknown cost-model preset 'nope'; valid presets: ["),
+    (["--offload-cpu-tokens", "-5"], "error: --offload-cpu-tokens: Input should be greater than 0\n"),
+])
+def test_serve_sim_names_a_bad_flag_without_the_validators_text(flags, expected):
+    proc = _loadgen("serve-sim", *flags)
+    _refused(proc, expected)
+    assert "pydantic" not in proc.stderr and "validation error" not in proc.stderr

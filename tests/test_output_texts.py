@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from loadgen.analysis.tables import format_outcome_table
@@ -59,3 +60,20 @@ def test_a_mooncake_file_read_as_shapes_suggests_format_mooncake():
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "field 'calls'" in proc.stderr and "try --format mooncake" in proc.stderr
+
+
+@pytest.mark.parametrize("path, expected", [
+    ("aiperf.jsonl", "aiperf"), ("bailian.jsonl", "bailian"), ("copilot.jsonl", "copilot"),
+    ("mooncake.jsonl", "mooncake"), ("shapes.jsonl", "shapes"), ("tracelab.jsonl", "tracelab"),
+    ("trees/dag.jsonl", "dag_jsonl"), ("trees/guidellm.jsonl", "guidellm"), ("trees/tree.jsonl", "tree"),
+])
+def test_each_fixtures_rows_are_taken_for_their_own_format(path, expected):
+    from trace_shapes.guess import guess_format
+
+    assert guess_format(FIXTURES / path) == expected
+
+
+def test_a_dag_file_read_without_format_suggests_its_format():
+    proc = subprocess.run([sys.executable, "-m", "loadgen.cli", "shapes", "describe", str(FIXTURES / "trees/dag.jsonl")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "try --format dag_jsonl" in proc.stderr, proc.stderr

@@ -73,3 +73,8 @@ def test_report_compare_arms_prints_the_comparison_and_rejects_bad_arms(tmp_path
     assert line.split()[-3:] == ["0", "5", "0.0625"]  # B = a is lower on every seed
     assert main(["report", str(tmp_path), "--no-figures", "--compare-arms", "a"]) == 2
     assert "--compare-arms: expected two different arm names as A,B" in capsys.readouterr().err
+    # a mistyped arm is refused before anything is printed or drawn, not after the figures
+    assert main(["report", str(tmp_path), "--compare-arms", "a,c"]) == 2
+    captured = capsys.readouterr()
+    assert "--compare-arms: no completed runs of arm 'c'; arms with runs: ['a', 'b']" in captured.err
+    assert captured.out == "" and not (tmp_path / "figures").exists()

@@ -9,14 +9,21 @@ from typing import Optional, Union
 
 from .rows import FileRows, TraceFormatError
 
-# the fields that mark each format's rows (trace_shapes/loaders.py documents them), most specific first
+# the fields that mark each format's rows (trace_shapes/loaders.py and the tree readers document
+# them), most specific first: a row's own fields, then those of its first turn where formats share
+# the row's (aiperf, copilot and dag_jsonl rows are all a session_id and turns)
 SIGNATURES = (
-    ("shapes", {"calls"}),
-    ("mooncake", {"hash_ids", "input_length", "output_length"}),
-    ("bailian", {"chat_id", "parent_chat_id", "input_length"}),
-    ("tracelab", {"session_id", "round_index"}),
-    ("calls", {"session_id", "input_tokens"}),
-    ("calls", {"session_id", "new_input_tokens"}),
+    ("tree", {"tree_id", "branches"}, set()),
+    ("guidellm", {"turns", "branches"}, set()),
+    ("shapes", {"calls"}, set()),
+    ("bailian", {"chat_id", "parent_chat_id", "input_length"}, set()),
+    ("mooncake", {"hash_ids", "input_length", "output_length"}, set()),
+    ("tracelab", {"session_id", "round_index"}, set()),
+    ("copilot", {"session_id", "turns"}, {"llm_calls"}),
+    ("dag_jsonl", {"session_id", "turns"}, {"messages"}),
+    ("aiperf", {"session_id", "turns"}, {"text"}),
+    ("calls", {"session_id", "input_tokens"}, set()),
+    ("calls", {"session_id", "new_input_tokens"}, set()),
 )
 
 
@@ -30,4 +37,6 @@ def guess_format(path: Union[str, Path]) -> Optional[str]:
     if row is None or not isinstance(row.data, dict):
         return None
     keys = set(row.data)
-    return next((name for name, fields in SIGNATURES if fields <= keys), None)
+    turns = row.data.get("turns")
+    turn_keys = set(turns[0]) if isinstance(turns, list) and turns and isinstance(turns[0], dict) else set()
+    return next((name for name, fields, in_turn in SIGNATURES if fields <= keys and in_turn <= turn_keys), None)

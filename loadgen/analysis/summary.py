@@ -179,6 +179,9 @@ class ResultsError(ValueError):
 def check_results_dir(results_dir: str | os.PathLike) -> Path:
     """``results_dir`` as a Path, or ResultsError when it holds no runs/ folder."""
     path = Path(results_dir)
+    if (path / "run.json").is_file() and path.parent.name == "runs":
+        raise ResultsError(f"{path}: is one run's folder; its results directory is {path.parent.parent}: "
+                           f"`loadgen report {path.parent.parent}`")
     if not (path / "runs").is_dir():
         what = "does not exist" if not path.exists() else "is not a results directory (no runs/ folder)"
         raise ResultsError(f"{path}: {what}; run `loadgen run SPEC --out {path}` first")

@@ -224,7 +224,7 @@ def _add_compare(compare: argparse.ArgumentParser) -> None:
     compare.add_argument("real_dir", help="results directory of the runs on the real engine")
     compare.add_argument("sim_dir", help="results directory of the same spec and seeds simulated")
     compare.add_argument("--window-min", type=float, default=5.0, help="window width in minutes")
-    compare.add_argument("--out", help="where compare.json and figures go (default REAL_DIR/compare)")
+    compare.add_argument("--out", help="where compare.json and figures go (default REAL_DIR/compare-vs-NAME, NAME the last part of SIM_DIR)")
     compare.set_defaults(func=Command("tools", "_cmd_compare"))
 
 

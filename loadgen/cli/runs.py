@@ -26,8 +26,6 @@ def stderr_console(**kwargs):
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from ..core.runner import completed_run
     from ..experiment import run_experiment
     from ..live.progress import describe_duration, describe_estimate, wall_time_left_s
@@ -114,9 +112,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     lagging = []  # (run id, run.json "lag") of live runs that fell behind their time scale
     warned: set[str] = set()  # preflight warnings already printed
     runs_left = [num_to_run]
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console,
-                  transient=False, disable=args.quiet) as progress:
+    with _progress(console, args.quiet) as progress:
         task = progress.add_task(spec.experiment, total=len(keys), last="")
         run_task = progress.add_task("", total=spec.duration_s, last="", visible=False) if live else None
 
@@ -166,12 +162,31 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.replicates is not None and not failed:
         from ..replicates import format_replicates, run_replicates
 
-        summary = run_replicates(spec, out, keys, args.replicates, Path(args.spec).resolve().parent,
-                                 on_done=lambda key, r, info: args.quiet or console.print(
-                                     f"{key.run_id} replicate {r}: {info.get('status')}"),
-                                 num_workers=num_workers, resume=args.resume is not None)
+        failed_replicates = []
+        with _progress(console, args.quiet) as progress:  # one line for all replicates, not one each
+            task = progress.add_task("replicates", total=None, last="")
+
+            def replicate_done(key, r, info) -> None:
+                if info.get("status") != "completed":
+                    failed_replicates.append((f"{key.run_id} replicate {r}", info.get("error")))
+                progress.update(task, advance=1, last=f"{key.run_id} replicate {r}: {info.get('status')}")
+
+            summary = run_replicates(spec, out, keys, args.replicates, Path(args.spec).resolve().parent,
+                                     on_start=lambda num_jobs: progress.update(task, total=num_jobs),
+                                     on_done=replicate_done, num_workers=num_workers,
+                                     resume=args.resume is not None)
+        for what, error in failed_replicates:
+            console.print(f"[red]{what} failed:[/red] {error}")
         print(format_replicates(summary), flush=True)
     return 1 if failed or unreadable else 0
+
+def _progress(console, quiet: bool):
+    """The bar a sweep of runs shows: done of all, elapsed, and what the last one did."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.fields[last]}"), console=console, transient=False, disable=quiet)
+
 
 def _resume_args(args: argparse.Namespace) -> None:
     """``loadgen run --resume DIR`` resumes DIR with the spec it recorded (DIR/spec.yaml) unless a
@@ -277,11 +292,13 @@ def _selected_runs(spec, args: argparse.Namespace) -> list:
     arms = args.arms.split(",") if args.arms else None
     try:
         return run_keys(spec, seeds, arms)
-    except (ValueError, KeyError) as exc:
-        raise SpecError(f"{args.spec}: {exc}") from None
+    except ValueError as exc:
+        raise SpecError(f"--arms: {exc}") from None
 
-def _report(out: Path, console, figures: bool = True, num_workers: int = 1) -> list:
-    """Summary, tables and figures of ``out``; returns the runs it could not read (they are listed)."""
+def _report(out: Path, console, figures: bool = True, num_workers: int = 1, check_summary=None) -> list:
+    """Summary, tables and figures of ``out``; returns the runs it could not read (they are listed).
+    ``check_summary(summary)`` runs before anything is printed or drawn, so that a bad flag is
+    refused at once."""
     from functools import lru_cache
 
     from rich.markup import escape
@@ -298,6 +315,8 @@ def _report(out: Path, console, figures: bool = True, num_workers: int = 1) -> l
         summary = write_summary(out, load)
     except ResultsError as exc:
         raise SpecError(str(exc)) from None
+    if check_summary is not None:
+        check_summary(summary)
     from ..analysis.latency import format_latency_table
     from ..analysis.serving import format_serving_table
     from ..analysis.windows_table import write_missing_windows
@@ -358,19 +377,24 @@ def _cmd_report(args: argparse.Namespace) -> int:
     except ResultsError as exc:
         raise SpecError(str(exc)) from None
     arms = _compare_arms_arg(args.compare_arms) if args.compare_arms is not None else None
-    from ..core.run_pool import default_workers
+    comparison = []
 
-    unreadable = _report(out, stderr_console(), figures=not args.no_figures, num_workers=default_workers())
-    if arms is not None:
-        import json
-
-        from ..analysis.uncertainty import compare_arms, format_arm_comparison
+    def compare(summary: dict) -> None:  # before the figures: a mistyped arm is refused at once
+        from ..analysis.uncertainty import compare_arms
 
         try:
-            comparison = compare_arms(json.loads((out / "summary.json").read_text()), *arms)
+            comparison.append(compare_arms(summary, *arms))
         except ValueError as exc:
             raise SpecError(f"--compare-arms: {exc}") from None
-        print("\n" + format_arm_comparison(comparison), flush=True)
+
+    from ..core.run_pool import default_workers
+
+    unreadable = _report(out, stderr_console(), figures=not args.no_figures, num_workers=default_workers(),
+                         check_summary=compare if arms is not None else None)
+    if comparison:
+        from ..analysis.uncertainty import format_arm_comparison
+
+        print("\n" + format_arm_comparison(comparison[0]), flush=True)
     if args.html:
         import json
 

@@ -103,7 +103,7 @@ def _cmd_serve_sim(args: argparse.Namespace) -> int:
 
     from ..live.serve_sim import SimServer, check_options, serve
     from ..sim import EngineConfig, StepCostModel
-    from ..core.spec import SimEngineSpec
+    from ..core.spec import SimEngineSpec, error_message
 
     try:
         check_options(args.port, args.pool_tokens, args.block_size, args.max_num_batched_tokens, args.max_model_len,
@@ -117,7 +117,7 @@ def _cmd_serve_sim(args: argparse.Namespace) -> int:
         cost = (StepCostModel(0.0, 0.0, 0.0, 0.0, name="zero") if args.zero_cost
                 else SimEngineSpec(flavor=args.flavor, **cost_model).load_cost_model(Path.cwd()))
     except ValueError as exc:
-        raise SpecError(f"--cost-model: {exc}") from None
+        raise SpecError(f"--cost-model: {error_message(exc)}") from None
     config = EngineConfig(num_blocks=args.pool_tokens // args.block_size, block_size=args.block_size,
                           max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                           enable_prefix_caching=not args.no_prefix_caching)
@@ -127,7 +127,7 @@ def _cmd_serve_sim(args: argparse.Namespace) -> int:
                                     enable_prefix_caching=not args.no_prefix_caching,
                                     offload={"cpu_tokens": args.offload_cpu_tokens}).offload_config()
         except ValueError as exc:
-            raise SpecError(f"--offload-cpu-tokens: {str(exc).splitlines()[-1].strip()}") from None
+            raise SpecError(f"--offload-cpu-tokens: {error_message(exc)}") from None
         config = dataclasses.replace(config, offload=offload)
     if args.flavor == "sglang":
         from ..core.runner import engine_config
@@ -141,7 +141,7 @@ def _cmd_serve_sim(args: argparse.Namespace) -> int:
                 sglang={"page_size": args.page_size, "schedule_policy": args.schedule_policy,
                         "overlap_schedule": not args.disable_overlap_schedule}))
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
-            raise SpecError(f"serve-sim --flavor sglang: {str(exc).splitlines()[-1].strip()}") from None
+            raise SpecError(f"serve-sim --flavor sglang: {error_message(exc)}") from None
     elif args.disable_overlap_schedule:
         raise SpecError("--disable-overlap-schedule is SGLang's flag: it needs --flavor sglang")
     tokenizer = None

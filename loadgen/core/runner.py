@@ -47,14 +47,14 @@ class RunKey:
 
 def run_keys(spec: ExperimentSpec, seeds: Optional[Iterable[int]] = None,
              arms: Optional[Iterable[str]] = None) -> list[RunKey]:
-    """Seeds x arms, seed-major so that both arms of a pair finish close together."""
+    """Seeds x arms, seed-major so that both arms of a pair finish close together. The spec's seeds
+    are the default: seeds asked for run as asked, each run recording its own seed."""
     seeds = list(spec.seeds if seeds is None else seeds)
-    unknown = sorted(set(seeds) - set(spec.seeds))
-    if unknown:
-        raise ValueError(f"seeds {unknown} are not in the spec's seeds {spec.seeds}")
     arm_names = [a.name for a in spec.arms] if arms is None else list(arms)
-    for name in arm_names:
-        spec.arm(name)
+    unknown = [name for name in arm_names if name not in {a.name for a in spec.arms}]
+    if unknown:
+        raise ValueError(f"no arm {', '.join(map(repr, unknown))}; the spec's arms: "
+                         f"{', '.join(a.name for a in spec.arms)}")
     return [RunKey(a, s) for s in seeds for a in arm_names]
 
 

@@ -5,7 +5,7 @@ docs/experiments.md writes them ("5 min at minute 15"). Unknown fields are error
 of a spec: ``engines``, ``sessions``, ``triggers``, and ``experiment`` (arms, controllers, SLOs, parsing).
 """
 
-from .base import SpecError
+from .base import SpecError, error_message
 from .engines import (EngineSpec, LaunchedEngineSpec, OffloadSpec, OpenAIEngineSpec, RetrySpec,
                       RouterSpec, SGLangOptionsSpec, SimEngineSpec, normalize_endpoint_url)
 from .sessions import (EmpiricalGapSpec, ExponentialGapSpec, GapFallbackSpec, HFDatasetSessionSpec,
@@ -24,5 +24,6 @@ __all__ = [
     "RateChangeTrigger", "RecordingSpec", "RetrySpec", "RouterSpec", "SGLangOptionsSpec", "SLOSpec", "SessionSpec",
     "SimEngineSpec", "SpecError", "SwebenchSessionSpec", "SyntheticSessionSpec", "TraceFileSessionSpec",
     "TraceLabSyntheticSessionSpec", "TreeSessionSpec", "Trigger", "WorkloadSpec", "build_session_model", "check_spec_files",
+    "error_message",
     "load_spec", "normalize_endpoint_url", "parse_seeds", "parse_spec",
 ]

@@ -6,15 +6,19 @@ from __future__ import annotations
 import typing
 from typing import Any, Union
 
-from pydantic import (BaseModel, ConfigDict, model_validator)
-
-
-
-
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 
 class SpecError(ValueError):
     """A spec that cannot run; the message names the file, field and what was expected."""
+
+
+def error_message(exc: ValueError) -> str:
+    """A value error as one line for a flag's message: a ValidationError's own messages, without
+    pydantic's model name, input repr and documentation link."""
+    if not isinstance(exc, ValidationError):
+        return str(exc)
+    return "; ".join(err["msg"].removeprefix("Value error, ") for err in exc.errors())
 
 
 class _Model(BaseModel):
