@@ -52,6 +52,16 @@ class _Session:
         self.turns: list[_Turn] = []
 
 
+WORDS_NOTE = ("no tokenizer given: text is counted one token per whitespace-separated word, as serve-sim counts it "
+              "without --tokenizer; a model's tokenizer counts more (give its tokenizer.json: spec field tokenizer, "
+              "shapes describe --tokenizer)")
+
+
+def count_words(text: str) -> int:
+    """The default token count of a text: serve-sim's without a tokenizer, one token per word."""
+    return len(text.split())
+
+
 def token_counter(tokenizer: Optional[str], source: str) -> Optional[Callable[[str], int]]:
     """Tokens of a text by a local Hugging Face tokenizer (a tokenizer.json or a directory with one)."""
     if tokenizer is None:
@@ -78,13 +88,13 @@ class _Reader:
         self.rows, self.options = rows, options
         self.count: Optional[Callable[[str], int]] = None
         self.counter_loaded = False
+        self.counted_words = False
 
     def tokens_of(self, row: Row, text: str, field: str) -> int:
         if not self.counter_loaded:
             self.count, self.counter_loaded = token_counter(self.options.tokenizer, self.rows.name), True
         if self.count is None:
-            raise row.error(field, "counting a text's tokens needs a tokenizer (spec field tokenizer: a "
-                                   "tokenizer.json path; loadgen shapes describe --tokenizer)")
+            self.count, self.counted_words = count_words, True
         return self.count(text)
 
     def output(self, row: Row, obj: dict, field: str) -> int:
@@ -161,6 +171,8 @@ class _Reader:
                          f"sessions with the same system text share it as a prefix")
         if num_timestamp_gaps:
             notes.append(f"{num_timestamp_gaps} gaps are intervals between timestamps: they include the model's latency")
+        if self.counted_words:
+            notes.append(WORDS_NOTE)
         return result, num_rows, notes
 
     def _multi_turn(self, row: Row, session: _Session) -> int:

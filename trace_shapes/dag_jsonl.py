@@ -15,7 +15,8 @@ responses, then this turn's), ``max_tokens``, ``delay`` (ms before the turn), ``
 
 Conversations no other one names are roots, one tree each; a SPAWN target named by several
 parents is a template instantiated under each. Text is counted with a local tokenizer (the
-``tokenizers`` library, ``LoaderOptions.tokenizer``), chat-template tokens not counted; a turn
+``tokenizers`` library, ``LoaderOptions.tokenizer``), else one token per word as serve-sim counts it
+(a note says so), chat-template tokens not counted; a turn
 without ``max_tokens`` takes ``LoaderOptions.default_output_tokens``. Leading ``system`` messages of
 a root's or a spawn's first turn are a prefix shared by sessions with the same text.
 
@@ -32,7 +33,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .aiperf import token_counter
+from .aiperf import WORDS_NOTE, count_words, token_counter
 from .records import RecordedSession
 from .rows import LoaderOptions, Row, RowSource, TraceFormatError
 from .tree import FORK, SPAWN, Branch, Child, RecordedTree, Tree
@@ -70,8 +71,8 @@ class _Reader:
         if self.count is None:
             self.count = token_counter(self.options.tokenizer, self.rows.name)
             if self.count is None:
-                raise row.error(where, "counting the messages' tokens needs a tokenizer (spec field tokenizer: a "
-                                       "tokenizer.json path; loadgen shapes describe --tokenizer)")
+                self.count = count_words
+                self.notes.add(WORDS_NOTE)
         return self.count(text)
 
     def message_text(self, row: Row, message: dict, where: str) -> str:

@@ -266,7 +266,7 @@ def _add_shapes(shapes: argparse.ArgumentParser) -> None:
     describe.add_argument("--config", default=None, help="Hugging Face dataset: the configuration name")
     describe.add_argument("--column", action="append", metavar="FIELD=COLUMN",
                           help="Hugging Face dataset: the format's field name for a dataset column (repeatable)")
-    describe.add_argument("--tokenizer", default=None, help="aiperf: a local tokenizer.json to count text turns")
+    describe.add_argument("--tokenizer", default=None, help="aiperf, dag_jsonl: a local tokenizer.json to count text turns (default: one token per word, as serve-sim counts)")
     describe.add_argument("--default-output-tokens", type=int, default=None,
                           help="aiperf: output tokens of a turn without output_length")
     describe.add_argument("--block-tokens", type=int, default=512, help="mooncake: tokens per hash_ids block")

@@ -123,9 +123,14 @@ def test_dag_jsonl_errors_name_the_line_and_field(tmp_path, word_tokenizer, line
     assert (err.row, err.field) == (row, field) and message in str(err), str(err)
 
 
-def test_dag_jsonl_counts_text_with_a_tokenizer_only(tmp_path):
-    err = _error(tmp_path, [{"session_id": "a", "turns": [_turn()]}], "dag_jsonl")
-    assert (err.row, err.field) == (1, "turns[0].messages[0].content") and "needs a tokenizer" in str(err)
+def test_dag_jsonl_without_a_tokenizer_counts_words_as_serve_sim_does_and_says_so(word_tokenizer):
+    # the same counts as a one-token-a-word tokenizer gives, and a note where the user reads it
+    loaded = load_trees(TREES / "dag.jsonl", "dag_jsonl")
+    assert _nodes(loaded)["root"].node.prompt_tokens == (10, 34, 47, 78)
+    assert any(note.startswith("no tokenizer given: text is counted one token per whitespace-separated word")
+               for note in loaded.notes)
+    with_tokenizer = load_trees(TREES / "dag.jsonl", "dag_jsonl", LoaderOptions(tokenizer=word_tokenizer))
+    assert not any("no tokenizer given" in note for note in with_tokenizer.notes)
 
 
 # ---------------------------------------------------------------- WEKA

@@ -138,8 +138,9 @@ class TraceFileSessionSpec(_ReplaySessionSpec):
                              "aiperf do); 0 shares nothing across sessions.")
     label: str = Field("trace", description="Session kind recorded per turn.")
     tokenizer: Optional[str] = Field(
-        None, description="aiperf: a local tokenizer.json (or a directory with one) to count the tokens of text "
-                          "turns; a relative path is relative to the spec's directory.")
+        None, description="aiperf, dag_jsonl: a local tokenizer.json (or a directory with one) to count the tokens "
+                          "of text turns (without one, one token per word, as serve-sim counts); a relative path "
+                          "is relative to the spec's directory.")
     default_output_tokens: Optional[int] = Field(
         None, gt=0, description="aiperf: output tokens of a turn without output_length (AIPerf's --osl).")
     block_tokens: int = Field(512, gt=0, description="mooncake: tokens per hash_ids block (512 in Mooncake's traces).")
