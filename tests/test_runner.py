@@ -116,10 +116,11 @@ def test_caching_off_is_a_control_with_zero_hits(tmp_path):
     assert len(t["cached_tokens"]) > 0 and set(t["cached_tokens"]) == {0}
 
 
-def test_run_keys_narrow_and_reject_unknown_seeds(tiny_spec):
+def test_run_keys_narrow_take_seeds_asked_for_and_reject_unknown_arms(tiny_spec):
     assert [k.run_id for k in run_keys(tiny_spec, [2])] == ["base-s2", "burst-s2"]
-    with pytest.raises(ValueError, match="not in the spec"):
-        run_keys(tiny_spec, [99])
+    assert [k.run_id for k in run_keys(tiny_spec, [99], ["burst"])] == ["burst-s99"]  # the spec's seeds: a default
+    with pytest.raises(ValueError, match="no arm 'brust'"):
+        run_keys(tiny_spec, [2], ["brust"])
 
 
 def test_crashed_run_keeps_flushed_rows(tmp_path):

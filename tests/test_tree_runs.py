@@ -181,6 +181,28 @@ def test_tree_columns_and_tree_completion(tmp_path):
         assert (sessions[sessions.tree_id == root.session_id].status == "in_system").any()
 
 
+def test_a_replayed_tree_files_sessions_keep_their_names_and_pandas_reads_parents_as_integers(tmp_path):
+    import pandas as pd
+
+    from tests.trace_shapes.test_tree_loaders import TREES
+
+    spec = make_spec(duration_s=600, seeds=[1], arms=[{"name": "base"}],
+                     workload={"arrival_rate_per_s": 0.05, "sessions": {
+                         "kind": "trace_file", "path": str(TREES / "dag.jsonl"), "format": "dag_jsonl"}})
+    run_simulated(spec, RunKey("base", 1), tmp_path)
+    sessions = pd.read_parquet(tmp_path / "runs/base-s1/sessions.parquet")
+    turns = pd.read_parquet(tmp_path / "runs/base-s1/turns.parquet")
+    names = dict(zip(sessions.session_id, sessions.trace_session_id))
+    roots = sessions[sessions.depth == 0]
+    assert set(roots.trace_session_id) == {"root", "solo"}
+    kids = sessions[sessions.depth == 1]
+    assert set(kids.trace_session_id) == {"root/worker-a", "root/worker-b", "root/critic"}
+    assert all(names[p] == "root" for p in kids.parent_session_id)  # a child's parent is named as the trace names it
+    assert dict(zip(turns.session_id, turns.trace_session_id)) == names
+    assert str(sessions.parent_session_id.dtype) == "Int64" and str(sessions.tree_num_sessions.dtype) == "Int32"
+    assert roots.parent_session_id.isna().all() and (kids.parent_session_id == kids.tree_id).all()
+
+
 def test_a_linear_run_writes_no_tree_columns(tmp_path):
     run_simulated(make_spec(seeds=[1], arms=[{"name": "base"}], duration_s=120), RunKey("base", 1), tmp_path)
     import pyarrow.parquet as pq

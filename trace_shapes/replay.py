@@ -152,6 +152,7 @@ def to_shape(prepared: PreparedSession, options: ReplayOptions, fallback: Option
         think_s=tuple(float(g) for g in gaps),
         shared_prefix_tokens=min(shared, prompts[0]),
         prefix_key=prefix_key,
+        name=prepared.session_id,
     )
 
 

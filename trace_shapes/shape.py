@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,9 @@ class SessionShape:
     think_s: tuple[float, ...]  # pause after turn k before the next one
     shared_prefix_tokens: int = 0
     prefix_key: str = "system"
+    # the session's id in the trace it was replayed from, for the results (None: a drawn session);
+    # not compared: two sessions of the same shape are the same workload whatever their names
+    name: Optional[str] = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.output_tokens)

@@ -58,7 +58,10 @@ DEPLOYMENT_TURN_SCHEMA = pa.schema(list(TURN_SCHEMA) + [pa.field(n, t) for n, t 
 # added with session trees (docs/results-format.md#session-trees), only in runs whose workload is
 # trees (a run of linear sessions writes the tables it wrote before): the session that spawned or
 # forked this one (null for a tree's root), the tree (its root's session id) and the depth (0: root)
-TREE_FIELDS = [("parent_session_id", pa.int64()), ("tree_id", pa.int64()), ("depth", pa.int32())]
+# and the session's own id in a replayed trace (a tree file's conversation or agent name; null in
+# a drawn tree), as the numeric ids say nothing of it
+TREE_FIELDS = [("parent_session_id", pa.int64()), ("tree_id", pa.int64()), ("depth", pa.int32()),
+               ("trace_session_id", pa.string())]
 # and on a root's sessions.parquet row: the sessions its tree started, and when the last of them
 # ended (null when some had not ended by the end of the run)
 TREE_ROOT_FIELDS = [("tree_num_sessions", pa.int32()), ("tree_finish_s", pa.float64())]
@@ -257,7 +260,7 @@ class RunRecorder:
         # ``tree_columns``: turns and sessions get TREE_FIELDS (a run of session trees); a root's
         # sessions row waits for its tree to end (``tree_ended``) or for ``close``
         self.tree_columns = tree_columns
-        self._tree_of: dict[int, tuple] = {}  # session id -> (parent, tree id, depth)
+        self._tree_of: dict[int, tuple] = {}  # session id -> (parent, tree id, depth, trace session id)
         self._root_rows: dict[int, tuple] = {}  # tree id -> its root's row, until the tree ends
         self._trees_ended: dict[int, tuple] = {}  # tree id -> (sessions, finish_s), until the root's row
         self._joined: dict[tuple, int] = {}  # (session id, turn) -> tokens its joins append, until it succeeds
@@ -312,9 +315,10 @@ class RunRecorder:
                   session.num_turns, session.arrival_s, session.first_admit_s, finish_s,
                   session.turns_completed, session.num_parks, status, error)
         if self.tree_columns:
-            values += self._tree_of.get(session_id, (None, session_id, 0))
-            if values[-1] == 0:  # a root: its row waits for its tree's completion
-                tree_id = values[-2]
+            tree_of = self._tree_of.get(session_id, (None, session_id, 0, None))
+            values += tree_of
+            if tree_of[2] == 0:  # a root: its row waits for its tree's completion
+                tree_id = tree_of[1]
                 ended = self._trees_ended.pop(tree_id, None)
                 if ended is None:
                     self._root_rows[tree_id] = values
@@ -324,9 +328,10 @@ class RunRecorder:
                 values += (None, None)
         self._sessions.append(values)
 
-    def tree_session(self, session_id: int, parent_session_id: Optional[int], tree_id: int, depth: int) -> None:
+    def tree_session(self, session_id: int, parent_session_id: Optional[int], tree_id: int, depth: int,
+                     trace_session_id: Optional[str] = None) -> None:
         """Session ``session_id`` belongs to tree ``tree_id`` (tree columns: its rows say so)."""
-        self._tree_of[session_id] = (parent_session_id, tree_id, depth)
+        self._tree_of[session_id] = (parent_session_id, tree_id, depth, trace_session_id)
 
     def tree_joined(self, session_id: int, turn_index: int, joined_tokens: int) -> None:
         """Turn ``turn_index`` of ``session_id`` appends ``joined_tokens`` of its children's results."""
@@ -363,7 +368,7 @@ class RunRecorder:
             key = (session_id, turn_index)
             after_join = key in self._joined
             joined = self._joined.get(key, 0) if error is not None else self._joined.pop(key, 0)
-            values += self._tree_of.get(session_id, (None, session_id, 0)) + (joined, after_join)
+            values += self._tree_of.get(session_id, (None, session_id, 0, None)) + (joined, after_join)
         self._turns.append(values)
         if error is None:
             self.turns_completed += 1
@@ -551,11 +556,29 @@ def merge_parts(run_dir: Path, written: Optional[dict[str, list[pa.Table]]] = No
     return True
 
 
+# integer columns null by design (a root has no parent; a tree not ended has no size): pandas
+# reads them as its nullable integers (0, <NA>) instead of floats (0.0, NaN), through the pandas
+# metadata Arrow keeps for a table that came from pandas
+NULLABLE_INT_COLUMNS = ("parent_session_id", "tree_num_sessions")
+
+
+def _pandas_metadata(schema: pa.Schema) -> Optional[bytes]:
+    columns = [{"name": f.name, "field_name": f.name, "pandas_type": str(f.type),
+                "numpy_type": "Int64" if f.type == pa.int64() else "Int32", "metadata": None}
+               for f in schema if f.name in NULLABLE_INT_COLUMNS]
+    if not columns:
+        return None
+    return json.dumps({"index_columns": [], "column_indexes": [], "columns": columns}).encode()
+
+
 def _write_parquet(table: pa.Table, path: Path) -> None:
     # dictionary-encoded: the columns whose values repeat (strings, ints, bools); a run's float
     # columns (times) are nearly all distinct, and a dictionary of them took 40% of the write and
     # made turns.parquet 15% larger
     dictionary = [f.name for f in table.schema if not pa.types.is_floating(f.type)]
+    metadata = _pandas_metadata(table.schema)
+    if metadata is not None:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), b"pandas": metadata})
     pq.write_table(table, path, use_dictionary=dictionary)
 
 

@@ -125,7 +125,7 @@ class TreeRuntime:
                              f"{MAX_TREE_SESSIONS} are supported")
         node = TreeSession(plan, plan.session_id, None, (), 0, 0, _TreeState(index))
         self.sessions[plan.session_id] = node
-        self.recorder.tree_session(plan.session_id, None, plan.session_id, 0)
+        self.recorder.tree_session(plan.session_id, None, plan.session_id, 0, plan.shape.name)
 
     def get(self, session_id: int) -> Optional[TreeSession]:
         return self.sessions.get(session_id)
@@ -191,7 +191,7 @@ class TreeRuntime:
             for tail, output in zip(calls.tail_tokens, calls.output_tokens):
                 shape = node.plan.shape
                 leaf = SessionShape(f"{shape.kind}/call", prompt_tokens + tail, (output,), (), (),
-                                    shape.shared_prefix_tokens, shape.prefix_key)
+                                    shape.shared_prefix_tokens, shape.prefix_key, shape.name)
                 sid = CHILD_ID_BASE + node.tree_id * MAX_TREE_SESSIONS + state.next_call
                 state.next_call += 1
                 if state.next_call > MAX_TREE_SESSIONS:
@@ -208,7 +208,7 @@ class TreeRuntime:
     def _start(self, parent: TreeSession, plan: SessionPlan, edge: tuple, fork_tokens: int) -> None:
         kid = TreeSession(plan, parent.tree_id, parent, edge, parent.depth + 1, fork_tokens, parent.root)
         self.sessions[plan.session_id] = kid
-        self.recorder.tree_session(plan.session_id, parent.session_id, parent.tree_id, kid.depth)
+        self.recorder.tree_session(plan.session_id, parent.session_id, parent.tree_id, kid.depth, plan.shape.name)
         state = parent.root
         state.num_started += 1
         state.num_open += 1
