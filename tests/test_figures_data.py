@@ -90,3 +90,39 @@ def test_windows_without_a_first_token_give_nan_without_a_warning(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         figure_latency_over_time({"chat": [run]}, {"chat": "C0"}, "exp", set())
+
+
+def test_two_arms_that_end_alike_are_both_visible_in_ttft_vs_depth(one_collapsed_of_four):
+    _, runs = one_collapsed_of_four
+    healthy = runs[:3]
+    fig = figure_ttft_vs_depth({"no-burst": healthy, "burst": healthy}, {"no-burst": "C0", "burst": "C1"}, "exp",
+                               collapsed=set())
+    first, second = fig.axes[0].lines
+    assert np.array_equal(first.get_ydata(), second.get_ydata())  # the same medians: one would hide the other
+    # the earlier arm is the wider line beneath, the later one drawn over it
+    assert first.get_linewidth() >= second.get_linewidth() + 2 and first.get_zorder() < second.get_zorder()
+
+
+def test_log_axes_read_as_plain_numbers(one_collapsed_of_four):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    summary, runs = one_collapsed_of_four
+    healthy = runs[:3]  # TTFT 0.2 s throughout: less than a decade, where minor ticks are labelled
+    fig = figure_latency_over_time({"burst": healthy}, {"burst": "C0"}, "exp", set())
+    FigureCanvasAgg(fig).draw()
+    axis = fig.axes[0].yaxis
+    labels = [t.get_text() for t in axis.get_majorticklabels() + axis.get_minorticklabels() if t.get_text()]
+    assert labels and all("times" not in t and "^" not in t for t in labels), labels
+    assert "0.2" in labels
+
+
+def test_cost_of_control_gives_each_arm_its_own_row():
+    from loadgen.analysis.latency_figures import figure_cost_of_control
+
+    alike = {"ttft_s": {"p90": 0.27, "p99": 9.0}, "turns_per_s": 0.93, "tasks_finished": 90, "tasks_arrived": 96}
+    summary = {"experiment": "exp", "latency_by_arm": [{"arm": a, **alike} for a in ("session-cap", "budgeter")]}
+    fig = figure_cost_of_control(summary, {"session-cap": "C0", "budgeter": "C1"})
+    points = [tuple(c.get_offsets()[0]) for c in fig.axes[0].collections]
+    assert len(points) == 4 and len(set(points)) == 4  # p90 and p99 of two arms that ended alike: 4 places
+    rows = {t.get_position()[1]: t.get_text() for t in fig.axes[0].get_yticklabels()}
+    assert rows == {1: "session-cap", 0: "budgeter"}  # the first arm on top, as in the tables

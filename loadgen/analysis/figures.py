@@ -23,6 +23,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.axis import Axis  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.layout_engine import PlaceHolderLayoutEngine  # noqa: E402
+from matplotlib.ticker import LogFormatter  # noqa: E402
 
 from .recovery import cohort_completion_by_arrival  # noqa: E402
 from .replica_figures import TITLE_Y, plot_replica_panels, replica_figures, replica_panel_rows  # noqa: E402
@@ -43,6 +44,22 @@ def arm_colors(summary: Mapping[str, Any]) -> dict[str, str]:
     """A fixed color per arm, so an arm looks the same in every figure of a results directory."""
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     return {arm: palette[i % len(palette)] for i, arm in enumerate(table_arms(summary))}
+
+
+class PlainLogFormatter(LogFormatter):
+    """A log axis's labels as plain numbers (0.3, 2, 100), not 3x10^-1: matplotlib's own choice of
+    which ticks get a label (every decade; minor ticks too on a narrow range)."""
+
+    def _num_to_string(self, x: float, vmin: float, vmax: float) -> str:
+        return f"{x:g}"
+
+
+def set_log_scale(ax: Axes, axis: str = "y") -> None:
+    """``axis`` of ``ax`` on a log scale, labelled in plain numbers."""
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+    target.set_major_formatter(PlainLogFormatter())
+    target.set_minor_formatter(PlainLogFormatter())
 
 
 def _minutes(seconds: Any) -> Any:

@@ -12,15 +12,18 @@ from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from ..core.arrow_numpy import float_values
-from .figures import DPI, TITLE_Y, _control_starts_s, save_figure, _mark_control, _minutes, _shade_triggers, _trigger_windows, arm_colors
+from .figures import (DPI, TITLE_Y, _control_starts_s, _mark_control, _minutes, _shade_triggers, _trigger_windows,
+                      arm_colors, save_figure, set_log_scale)
 from .latency import nearest_rank, turn_latencies
 from .runs import RunData, load_run
 from .windows_table import read_windows
 
 
 COLLAPSED_COLOR = "0.15"
+MARKERS = ("o", "s", "^", "D", "v", "P")
 
 
 def collapsed_run_ids(summary: Mapping[str, Any]) -> set[str]:
@@ -85,7 +88,7 @@ def figure_latency_over_time(runs_by_arm: Mapping[str, Sequence[RunData]], color
                         label=f"{group} ({len(members)}): {column.replace('_s', '').replace('_', ' ')}")
         _shade_triggers([ax], _trigger_windows(runs))
         _mark_control(ax, _control_starts_s(runs), label=True)
-        ax.set_yscale("log")
+        set_log_scale(ax)
         ax.set_ylabel("seconds")
         counts = ", ".join(f"{len(m)} {g}" for g, m in groups)
         ax.set_title(f"arm {arm}: TTFT per minute (gateway wait included), median over runs: {counts}",
@@ -104,30 +107,40 @@ def _collapsed_by_outcome(runs_by_arm: Mapping[str, Sequence[RunData]]) -> set[s
 
 
 def figure_cost_of_control(summary: Mapping[str, Any], colors: Mapping[str, str]) -> Figure:
-    """Per arm (controller): TTFT p90 and p99 against turn throughput, and tasks finished."""
-    rows = summary.get("latency_by_arm") or []
-    fig = Figure(figsize=(11, 4.2), constrained_layout=True)
-    ax_lat, ax_tasks = fig.subplots(1, 2)
-    for row in rows:
-        arm, color = row["arm"], colors.get(row["arm"], "0.3")
-        tput = row["turns_per_s"]
-        for key, marker in (("p90", "o"), ("p99", "^")):
-            value = row["ttft_s"][key]
-            if tput is not None and value is not None:
-                ax_lat.scatter([tput], [value], color=color, marker=marker, label=f"{arm} {key}")
+    """Per arm (controller), a row: TTFT p90 and p99, turn throughput, and tasks finished. A row
+    each, not a scatter of throughput against latency: controllers that end alike (several caps
+    that all keep the engine healthy) would hide one another's points."""
+    rows = [r for r in summary.get("latency_by_arm") or []]
+    fig = Figure(figsize=(12, 1.2 + 0.45 * max(len(rows), 2)), constrained_layout=True)
+    ax_lat, ax_tput, ax_tasks = fig.subplots(1, 3, sharey=True, gridspec_kw={"width_ratios": (2, 1, 1)})
+    y = np.arange(len(rows))[::-1]  # the first arm on top, as in the tables
+    for yi, row in zip(y, rows):
+        color = colors.get(row["arm"], "0.3")
+        p90, p99 = row["ttft_s"]["p90"], row["ttft_s"]["p99"]
+        if p90 is not None and p99 is not None:
+            ax_lat.plot([p90, p99], [yi, yi], "-", color=color, linewidth=1, alpha=0.6)
+        for value, marker, key in ((p90, "o", "p90"), (p99, "^", "p99")):
+            if value is not None:
+                ax_lat.scatter([value], [yi], color=color, marker=marker, s=45, zorder=3)
+        if row["turns_per_s"] is not None:
+            ax_tput.barh(yi, row["turns_per_s"], color=color)
         if row["tasks_arrived"]:
-            ax_tasks.bar(arm, row["tasks_finished"] / row["tasks_arrived"], color=color)
-    ax_lat.set_yscale("log")
-    ax_lat.set_xlabel("turns / s (whole runs)")
-    ax_lat.set_ylabel("TTFT (s, gateway wait included)")
-    ax_lat.set_title("what control costs: TTFT p90 (o) / p99 (^) vs throughput", y=TITLE_Y)
+            ax_tasks.barh(yi, row["tasks_finished"] / row["tasks_arrived"], color=color)
+    ax_lat.set_yticks(y, [r["arm"] for r in rows])
+    set_log_scale(ax_lat, "x")
+    ax_lat.set_xlabel("TTFT (s, gateway wait included)")
+    ax_lat.set_title("TTFT p90 (o) and p99 (^) per arm", y=TITLE_Y)
     ax_lat.grid(True, alpha=0.3)
-    ax_lat.legend(fontsize="x-small", ncol=2)
-    ax_tasks.set_ylim(0, 1.02)
-    ax_tasks.set_ylabel("tasks finished / arrived")
-    ax_tasks.set_title("task completion per arm", y=TITLE_Y)
-    ax_tasks.tick_params(axis="x", labelrotation=30)
-    fig.suptitle(f"{summary.get('experiment')}: cost of control per controller")
+    ax_lat.legend(handles=[Line2D([], [], color="0.3", marker=m, linestyle="", label=k) for m, k in (("o", "p90"), ("^", "p99"))],
+                  fontsize="small", loc="lower right")
+    ax_tput.set_xlabel("turns / s (whole runs)")
+    ax_tput.set_title("throughput", y=TITLE_Y)
+    ax_tput.grid(True, axis="x", alpha=0.3)
+    ax_tasks.set_xlim(0, 1.02)
+    ax_tasks.set_xlabel("tasks finished / arrived")
+    ax_tasks.set_title("task completion", y=TITLE_Y)
+    ax_tasks.grid(True, axis="x", alpha=0.3)
+    fig.suptitle(f"{summary.get('experiment')}: what control costs, per arm")
     return fig
 
 
@@ -161,18 +174,24 @@ def figure_ttft_vs_depth(runs_by_arm: Mapping[str, Sequence[RunData]], colors: M
         collapsed = _collapsed_by_outcome(runs_by_arm)
     fig = Figure(figsize=(11, 4.2), constrained_layout=True)
     ax_turn, ax_prompt = fig.subplots(1, 2)
-    for arm, runs in runs_by_arm.items():
+    arms = list(runs_by_arm)
+    for i, (arm, runs) in enumerate(runs_by_arm.items()):
+        # arms whose runs end alike draw the same line: each arm's is narrower than the one before
+        # it and drawn over it, so an earlier arm shows as a band around a later one, never hidden
+        extra = (len(arms) - 1 - i) * min(2.0, 5.0 / max(len(arms) - 1, 1))
         for group, members in run_groups(runs, collapsed):
             series = ttft_depth_series(members)
-            style = "-" if group == "healthy" else "--"
-            label = f"{arm}, {group} ({len(members)})"
+            healthy = group == "healthy"
+            line = {"color": colors[arm], "linewidth": 1.5 + (extra if healthy else 0.0),
+                    "alpha": 1.0 if i == len(arms) - 1 or not healthy else 0.6, "zorder": 2 + i,
+                    "label": f"{arm}, {group} ({len(members)})"}
             if len(series["turn_index"]):
-                ax_turn.plot(series["turn_index"], series["median_by_turn_s"], style, color=colors[arm], label=label)
+                ax_turn.plot(series["turn_index"], series["median_by_turn_s"], "-" if healthy else "--", **line)
             if len(series["prompt_tokens"]):
-                ax_prompt.plot(series["prompt_tokens"], series["median_by_prompt_s"], "o" + style, color=colors[arm],
-                               label=label)
+                ax_prompt.plot(series["prompt_tokens"], series["median_by_prompt_s"], "-" if healthy else "--",
+                               marker=MARKERS[i % len(MARKERS)], markersize=4 + (extra if healthy else 0.0), **line)
     for ax, xlabel in ((ax_turn, "turn index"), (ax_prompt, "prompt tokens (deciles)")):
-        ax.set_yscale("log")
+        set_log_scale(ax)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("median TTFT (s)")
         ax.grid(True, alpha=0.3)

@@ -13,6 +13,8 @@ matplotlib.use("Agg")  # headless: must precede the pyplot import
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from ..analysis.figures import set_log_scale  # noqa: E402
+
 DPI = 110
 HEALTHY_BOUND_STYLE = {"color": "tab:green", "linestyle": "--", "linewidth": 1.6}
 DRAIN_BOUND_STYLE = {"color": "tab:purple", "linestyle": ":", "linewidth": 1.8}
@@ -158,7 +160,7 @@ def figure_escape(summary: dict, path: Path) -> Path:
                          capsize=3)
     ax_mean.plot(rates, [e["restricted_mean_s"] / 3600 for e in escape], "s--", color="tab:orange",
                  label="restricted mean (area under KM to the horizon)")
-    ax_mean.set_yscale("log")
+    set_log_scale(ax_mean)
     ax_mean.set_xlabel("base arrival rate lambda (sessions/s)")
     ax_mean.set_ylabel("mean time to collapse (h)")
     ax_mean.set_title("exposure / collapses, exact 95% interval (triangle: none collapsed, lower limit)", fontsize=8)
