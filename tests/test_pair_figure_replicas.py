@@ -63,3 +63,33 @@ def test_a_deployment_seed_without_a_pair_figure_gets_its_replica_panels_alone(t
     run_simulated(spec, RunKey("base", 1), tmp_path)
     names = [path.name for path, _ in figure_jobs(tmp_path, write_summary(tmp_path))]
     assert "replicas-s1.png" in names and "pair-s1.png" not in names
+
+
+def test_many_arms_of_different_routers_are_small_multiples_a_panel_per_router(tmp_path):
+    data = make_spec_dict(seeds=[1])
+    burst = next(a for a in data["arms"] if a["name"] == "burst")["triggers"]
+    routers = ("round_robin", "random", "least_outstanding", "power_of_two")
+    data["engine"] = {"kind": "sim", "pool_tokens": 48_000, "replicas": 2, "router": {"policy": "round_robin"}}
+    data["arms"] = [{"name": f"{r.replace('_', '-')}-{kind}", "engine": {"router": {"policy": r}},
+                     "triggers": burst if kind == "burst" else []}
+                    for r in routers for kind in ("no-burst", "burst")]
+    spec = parse_spec(data)
+    for arm in spec.arms:
+        run_simulated(spec, RunKey(arm.name, 1), tmp_path)
+    summary = write_summary(tmp_path)
+    runs = [load_run(tmp_path / "runs" / entry["run_id"]) for entry in summary["runs"]]
+    fig = pair_figure(1, runs, arm_colors(summary), summary.get("experiment"))
+    try:
+        hit_axes = [ax for ax in fig.axes if ax.get_title()]
+        assert [ax.get_title() for ax in hit_axes] == ["round-robin", "random", "least-outstanding", "power-of-two"]
+        for ax in hit_axes:  # burst and no-burst of one router in one panel, in two colours
+            assert [t.get_text() for t in ax.get_legend().get_texts()][:2] == ["no-burst", "burst"]
+            colors = [line.get_color() for line in ax.get_lines() if not line.get_label().startswith("_")]
+            assert len(set(colors)) == 2
+        width, height = fig.get_size_inches()
+        assert len(fig.axes) == 8 and height < 1.2 * width  # not a panel row per arm
+    finally:
+        plt.close(fig)
+    # the replicas, not drawn there, get their own figure
+    names = [path.name for path, _ in figure_jobs(tmp_path, summary)]
+    assert "pair-s1.png" in names and "replicas-s1.png" in names

@@ -7,6 +7,7 @@ under ``<results_dir>/figures/``. Uses matplotlib's Agg backend so it works with
 from __future__ import annotations
 
 import itertools
+import json
 import os
 from contextlib import contextmanager
 from functools import partial
@@ -115,9 +116,53 @@ def _plot_pair(
     plt.close(fig)
 
 
+# more arms than this, of engines that differ (routers, say), are drawn as small multiples: one
+# panel per engine with its arms (a trigger or a controller apart), not every arm on one axis
+MAX_ARMS_OVERLAID = 6
+GROUP_COLORS = ("tab:blue", "tab:red", "tab:green", "tab:purple", "tab:orange", "tab:brown")
+
+
+def _arm_engine(run: RunData) -> str:
+    """The engine fields the run's arm sets for itself (a router, say), as a key; "" for none."""
+    arm = str(run.run_json["arm"])
+    arms = ((run.run_json.get("spec") or {}).get("arms")) or []
+    own = next((a.get("engine") for a in arms if a.get("name") == arm), None)
+    return json.dumps(own, sort_keys=True) if own else ""
+
+
+def _common_stem(names: Sequence[str]) -> str:
+    """The longest start the names share, cut at a '-' (``round-robin`` of ``round-robin-burst``
+    and ``round-robin-no-burst``)."""
+    prefix = os.path.commonprefix(list(names))
+    if not all(len(n) == len(prefix) or n[len(prefix)] == "-" for n in names):
+        prefix = prefix[:prefix.rfind("-") + 1] if "-" in prefix else ""
+    return prefix.rstrip("-")
+
+
+def arm_groups(runs: Sequence[RunData]) -> list[tuple[str, list[RunData]]]:
+    """The runs by the engine their arm sets, in arm order, each named by its arms' common stem
+    (or its router)."""
+    groups: dict[str, list[RunData]] = {}
+    for run in runs:
+        groups.setdefault(_arm_engine(run), []).append(run)
+    named = []
+    for members in groups.values():
+        stem = _common_stem([str(r.run_json["arm"]) for r in members])
+        named.append((stem or str(members[0].run_json.get("router") or members[0].run_json["arm"]), members))
+    return named
+
+
+def draws_small_multiples(runs: Sequence[RunData]) -> bool:
+    """Whether a seed's pair figure is small multiples (``pair_small_multiples``)."""
+    return len(runs) > MAX_ARMS_OVERLAID and len({_arm_engine(r) for r in runs}) > 1
+
+
 def pair_figure(seed: int, runs: Sequence[RunData], colors: Mapping[str, str], experiment: Any) -> Figure:
     """One seed's arms: hit ratio, turn throughput and sessions in system, sharing the x axis; on
-    a deployment, each arm's replicas and the imbalance below them (replica_figures.py)."""
+    a deployment, each arm's replicas and the imbalance below them (replica_figures.py). Many
+    arms of different engines: small multiples (``pair_small_multiples``)."""
+    if draws_small_multiples(runs):
+        return pair_small_multiples(seed, runs, experiment)
     extra_rows = replica_panel_rows(runs)
     if not extra_rows:
         fig, (ax_hit, ax_tput, ax_sessions) = plt.subplots(
@@ -168,6 +213,60 @@ def pair_figure(seed: int, runs: Sequence[RunData], colors: Mapping[str, str], e
     ax_sessions.set_ylim(bottom=0)
     ax_hit.legend(loc="lower left", fontsize="small")
     fig.suptitle(f"{experiment}: seed {seed}, arms compared")
+    return fig
+
+
+def pair_small_multiples(seed: int, runs: Sequence[RunData], experiment: Any) -> Figure:
+    """One seed's arms, a panel per engine (``arm_groups``): its arms' hit ratio above their
+    sessions in the system, in the group's own colours, so that twenty arms never share one axis
+    or cycle through one palette. A deployment's replicas go to replicas-s<seed>.png."""
+    groups = arm_groups(runs)
+    num_cols = 3 if len(groups) > 4 else 2
+    num_rows = -(-len(groups) // num_cols)
+    fig = plt.figure(figsize=(5.2 * num_cols, 3.9 * num_rows + 0.7), constrained_layout=True)
+    grid = fig.add_gridspec(2 * num_rows, num_cols, height_ratios=[1.15, 1.0] * num_rows)
+    windows = _trigger_windows(runs)
+    ax_first = None
+    labels_by_group = []  # (handles, labels) of each panel
+    for i, (name, members) in enumerate(groups):
+        row, col = divmod(i, num_cols)
+        ax_hit = fig.add_subplot(grid[2 * row, col], sharex=ax_first)
+        ax_first = ax_first or ax_hit
+        ax_sessions = fig.add_subplot(grid[2 * row + 1, col], sharex=ax_first)
+        for j, run in enumerate(members):
+            color, arm = GROUP_COLORS[j % len(GROUP_COLORS)], str(run.run_json["arm"])
+            series = window_series(run.turns, 0.0, float(run.run_json["duration_s"]), WINDOW_S)
+            mid_min = _window_midpoints_min(series.window_starts_s, series.window_widths_s)
+            label = arm[len(name):].lstrip("-") or arm if arm.startswith(name) else arm
+            ax_hit.plot(mid_min, series.hit_ratio, color=color, linewidth=1.2, label=label)
+            if run.samples.num_rows:
+                t_s = float_column(run.samples, "t_s")
+                order = np.argsort(t_s, kind="stable")
+                ax_sessions.plot(_minutes(t_s[order]), float_column(run.samples, "sessions_in_system")[order],
+                                 color=color, linewidth=1.2)
+        ax_hit.axhline(DEGRADED_HIT_RATIO, color="0.4", linestyle="--", linewidth=0.7)
+        _shade_triggers([ax_hit, ax_sessions], windows)
+        ax_hit.set_ylim(-0.02, 1.02)
+        ax_hit.set_title(name, y=TITLE_Y)
+        labels_by_group.append(ax_hit.get_legend_handles_labels())
+        ax_hit.tick_params(labelbottom=False)
+        ax_sessions.set_ylim(bottom=0)
+        if col == 0:
+            ax_hit.set_ylabel("hit ratio")
+            ax_sessions.set_ylabel("sessions\nin system")
+        if row == num_rows - 1 or i + num_cols >= len(groups):
+            ax_sessions.set_xlabel("run time (minutes)")
+        for ax in (ax_hit, ax_sessions):
+            ax.grid(True, alpha=0.3)
+            ax.set_xlim(left=0)
+    if all(labels == labels_by_group[0][1] for _, labels in labels_by_group):  # the same variants everywhere
+        fig.legend(*labels_by_group[0], loc="outside lower center", ncols=len(labels_by_group[0][1]),
+                   fontsize="small")
+    else:
+        for ax, (handles, labels) in zip(fig.axes[::2], labels_by_group):
+            ax.legend(handles, labels, loc="best", fontsize="x-small")
+    fig.suptitle(f"{experiment}: seed {seed}, {len(runs)} arms by engine: hit ratio per {WINDOW_S / 60:g}-minute "
+                 f"window above sessions in the system")
     return fig
 
 
@@ -245,7 +344,8 @@ def figure_jobs(results_dir: str | os.PathLike, summary: Mapping[str, Any],
         seed_runs = runs_by_seed[seed]
         if len({r.run_json["arm"] for r in seed_runs}) < 2:
             continue
-        paired_seeds.append(seed)
+        if not draws_small_multiples(seed_runs):  # small multiples leave the replicas to their own figure
+            paired_seeds.append(seed)
         path = figures_dir / f"pair-s{seed}.png"
         jobs.append((path, partial(_plot_pair, path, seed, seed_runs, colors, experiment)))
 
