@@ -83,9 +83,12 @@ def test_many_arms_of_different_routers_are_small_multiples_a_panel_per_router(t
         hit_axes = [ax for ax in fig.axes if ax.get_title()]
         assert [ax.get_title() for ax in hit_axes] == ["round-robin", "random", "least-outstanding", "power-of-two"]
         for ax in hit_axes:  # burst and no-burst of one router in one panel, in two colours
-            assert [t.get_text() for t in ax.get_legend().get_texts()][:2] == ["no-burst", "burst"]
-            colors = [line.get_color() for line in ax.get_lines() if not line.get_label().startswith("_")]
-            assert len(set(colors)) == 2
+            lines = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+            assert [line.get_label() for line in lines] == ["no-burst", "burst"]
+            assert len({line.get_color() for line in lines}) == 2
+        # every panel has the same two: one legend for the figure, not one over each panel's start
+        assert all(ax.get_legend() is None for ax in fig.axes)
+        assert [t.get_text() for t in fig.legends[0].get_texts()][:2] == ["no-burst", "burst"]
         width, height = fig.get_size_inches()
         assert len(fig.axes) == 8 and height < 1.2 * width  # not a panel row per arm
     finally:
