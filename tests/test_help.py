@@ -93,3 +93,12 @@ def test_the_full_command_line_and_one_command_parse_alike():
     argv = ["run", "examples/paired-burst.yaml", "--out", "x", "--seeds", "501", "--no-figures"]
     assert vars(build_parser().parse_args(argv)).keys() == vars(build_parser("run").parse_args(argv)).keys()
     assert build_parser("run").parse_args(argv).seeds == "501"
+
+
+def test_compare_help_names_the_folder_compare_writes_to_without_out(tmp_path):
+    from loadgen.analysis.compare import default_out_dir
+
+    parser = dict((p, sub) for p, sub, _ in subcommands(build_parser()))["compare"]
+    text = " ".join(parser.format_help().split())
+    assert "default REAL_DIR/compare-vs-NAME, NAME the last part of SIM_DIR" in text
+    assert default_out_dir(tmp_path / "real", tmp_path / "sims" / "twin") == tmp_path / "real" / "compare-vs-twin"

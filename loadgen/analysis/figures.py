@@ -237,7 +237,7 @@ def pair_small_multiples(seed: int, runs: Sequence[RunData], experiment: Any) ->
             color, arm = GROUP_COLORS[j % len(GROUP_COLORS)], str(run.run_json["arm"])
             series = window_series(run.turns, 0.0, float(run.run_json["duration_s"]), WINDOW_S)
             mid_min = _window_midpoints_min(series.window_starts_s, series.window_widths_s)
-            label = arm[len(name):].lstrip("-") or arm if arm.startswith(name) else arm
+            label = (arm[len(name):].lstrip("-") or arm) if arm.startswith(name) else arm
             ax_hit.plot(mid_min, series.hit_ratio, color=color, linewidth=1.2, label=label)
             if run.samples.num_rows:
                 t_s = float_column(run.samples, "t_s")
