@@ -110,7 +110,7 @@ def figure_cost_of_control(summary: Mapping[str, Any], colors: Mapping[str, str]
     """Per arm (controller), a row: TTFT p90 and p99, turn throughput, and tasks finished. A row
     each, not a scatter of throughput against latency: controllers that end alike (several caps
     that all keep the engine healthy) would hide one another's points."""
-    rows = [r for r in summary.get("latency_by_arm") or []]
+    rows = summary.get("latency_by_arm") or []
     fig = Figure(figsize=(12, 1.2 + 0.45 * max(len(rows), 2)), constrained_layout=True)
     ax_lat, ax_tput, ax_tasks = fig.subplots(1, 3, sharey=True, gridspec_kw={"width_ratios": (2, 1, 1)})
     y = np.arange(len(rows))[::-1]  # the first arm on top, as in the tables
@@ -119,7 +119,7 @@ def figure_cost_of_control(summary: Mapping[str, Any], colors: Mapping[str, str]
         p90, p99 = row["ttft_s"]["p90"], row["ttft_s"]["p99"]
         if p90 is not None and p99 is not None:
             ax_lat.plot([p90, p99], [yi, yi], "-", color=color, linewidth=1, alpha=0.6)
-        for value, marker, key in ((p90, "o", "p90"), (p99, "^", "p99")):
+        for value, marker in ((p90, "o"), (p99, "^")):
             if value is not None:
                 ax_lat.scatter([value], [yi], color=color, marker=marker, s=45, zorder=3)
         if row["turns_per_s"] is not None:

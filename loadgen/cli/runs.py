@@ -180,6 +180,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(format_replicates(summary), flush=True)
     return 1 if failed or unreadable else 0
 
+
 def _progress(console, quiet: bool):
     """The bar a sweep of runs shows: done of all, elapsed, and what the last one did."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

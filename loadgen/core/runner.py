@@ -50,11 +50,11 @@ def run_keys(spec: ExperimentSpec, seeds: Optional[Iterable[int]] = None,
     """Seeds x arms, seed-major so that both arms of a pair finish close together. The spec's seeds
     are the default: seeds asked for run as asked, each run recording its own seed."""
     seeds = list(spec.seeds if seeds is None else seeds)
-    arm_names = [a.name for a in spec.arms] if arms is None else list(arms)
-    unknown = [name for name in arm_names if name not in {a.name for a in spec.arms}]
+    spec_arms = [a.name for a in spec.arms]
+    arm_names = spec_arms if arms is None else list(arms)
+    unknown = [name for name in arm_names if name not in spec_arms]
     if unknown:
-        raise ValueError(f"no arm {', '.join(map(repr, unknown))}; the spec's arms: "
-                         f"{', '.join(a.name for a in spec.arms)}")
+        raise ValueError(f"no arm {', '.join(map(repr, unknown))}; the spec's arms: {', '.join(spec_arms)}")
     return [RunKey(a, s) for s in seeds for a in arm_names]
 
 
