@@ -21,6 +21,7 @@ import hmac
 import json
 import logging
 import math
+import time
 from typing import Optional
 
 import orjson
@@ -177,6 +178,13 @@ class Relay:
             self.conn.resume()
 
 
+def proxy_clock(time_scale: float) -> WallClock:
+    """The proxy's clock, on time.monotonic rather than the loop's clock: uvloop's is read once a
+    loop turn in whole milliseconds, so a request held until another's answer ended in the same
+    turn was held 0 s by it (counted as held, its wait header saying 0)."""
+    return WallClock(time_scale, time_source=time.monotonic)
+
+
 class GatewayProxy:
     """The gate, the sessions and the upstreams of one gateway; ``serve`` listens, ``drain`` stops."""
 
@@ -206,7 +214,7 @@ class GatewayProxy:
         self.pool: Optional[UpstreamPool] = None
         self.server: Optional[asyncio.AbstractServer] = None
         self._tasks: set = set()
-        self.reset(clock or WallClock(config.time_scale))
+        self.reset(clock or proxy_clock(config.time_scale))
         self.metrics = GatewayMetrics(self)
 
     def reset(self, clock: WallClock) -> None:
@@ -238,7 +246,7 @@ class GatewayProxy:
         for session in self.sessions.values():
             if session.admission is not None and not session.admission.done():
                 session.admission.set_result(None)
-        self.reset(WallClock(self.config.time_scale))
+        self.reset(proxy_clock(self.config.time_scale))
         log.info("a run starts: a fresh gate and session table, the clock at 0")
 
     # ---------------------------------------------------------------- serving

@@ -388,3 +388,21 @@ def test_a_child_waits_like_a_new_session_only_under_tree_policy_sessions(tree_p
         await up.stop()
 
     run(main())
+
+
+def test_the_proxys_clock_tells_apart_two_moments_of_one_loop_turn():
+    """A request held until another's answer ends in the same loop turn was held for some time, not
+    0 s: under uvloop the loop's clock is read once a turn, in whole milliseconds."""
+    import time
+
+    import uvloop
+
+    from loadgen.gateway.proxy import proxy_clock
+
+    async def held_s() -> float:
+        clock = proxy_clock(60.0)
+        arrived_s = clock.now()
+        time.sleep(0.0002)  # no await: the same loop turn
+        return clock.now() - arrived_s
+
+    assert uvloop.run(held_s()) > 0.0
