@@ -231,7 +231,11 @@ async def _run_live(spec: ExperimentSpec, key, out_dir: Path, transport: Optiona
     clock = WallClock(spec.time_scale)  # run time 0 is now, after the preflight
     client.clock = clock
     if proxy is not None:
-        proxy.reset(clock)  # the proxy's gate starts with the run, on its clock
+        # the proxy's gate starts with the run, on a clock of the run's scale that reads time finely
+        # (proxy_clock): its holds are measured, not rounded to the loop's millisecond
+        from ..gateway.proxy import proxy_clock
+
+        proxy.reset(proxy_clock(spec.time_scale))
     gateway = Gateway(clock, make_policy(ctl.name, **ctl.params), client.pool_tokens, ctl.start_s)
     # a live run is not re-runnable in a second: write its rows at least every real minute
     flush_interval_s = min(spec.recording.flush_interval_s, 60.0 * spec.time_scale)

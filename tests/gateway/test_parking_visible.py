@@ -47,6 +47,10 @@ def test_the_proxys_park_time_is_each_turns_gateway_wait(tmp_path):
     first_waits = [w for k, w in zip(turns["turn_index"], turns["gateway_wait_s"]) if k == 0 and w > 0]
     # a first turn's gateway wait is its session's admission (arrival + wait - arrival: to the float)
     assert sorted(first_waits) == pytest.approx(sorted(waited), rel=1e-12, abs=1e-9)
+    # measured finely, not in whole milliseconds of the loop's clock (60 ms of run time here): on
+    # that clock a request held until another's answer ended in the same loop turn was held 0 s
+    ticks = [w / 0.060 for w in first_waits]
+    assert any(abs(t - round(t)) > 1e-6 for t in ticks), first_waits
     assert sum(sessions["num_parks"]) == gw["parks"]["parked"] == 0  # session-cap holds arrivals only
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     (row,) = summary["latency_by_arm"]
